@@ -1,0 +1,290 @@
+"""The `effvision` command line: a thin typer front end over the Python API."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import EffvisionError
+
+app = typer.Typer(help="Efficient visual recognition end to end: fine-tune, compress, export and benchmark compact models.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+zoo_app = typer.Typer(help="The model zoo (cards under models/).", no_args_is_help=True)
+data_app = typer.Typer(help="Datasets: inspect files.", no_args_is_help=True)
+app.add_typer(zoo_app, name="zoo")
+app.add_typer(data_app, name="data")
+# Piped output (CI logs, `| tee`) would otherwise wrap tables at 80 columns.
+out = Console(width=None if sys.stdout.isatty() else 160)
+
+SET_HELP = "Override a recipe key, e.g. --set stages.1.ratio=0.6 or --set data.root=../data (repeatable)."
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors (accepted after any command too).")):
+    """Every command accepts --debug; errors otherwise print one line and exit 1."""
+
+
+def _table(title: str, head: list[str], rows: list[list[str]]) -> None:
+    t = Table(title=title, show_lines=False)
+    for h in head:
+        t.add_column(h, overflow="fold", no_wrap=h not in ("path", "error"))
+    for r in rows:
+        t.add_row(*r)
+    out.print(t)
+
+
+def _human(n: float) -> str:
+    from .report import _fmt_num
+
+    return _fmt_num(n)
+
+
+# ----------------------------------------------------------------------------- zoo
+@zoo_app.command("list")
+def zoo_list(modality: Optional[str] = typer.Option(None, help="image, video or points"),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
+    """List the zoo's model cards with parameters, MACs and input size (measured by building each)."""
+    from .models import build, count_macs, count_params, resolve
+    from .models.zoo import list_cards
+
+    if modality not in (None, "image", "video", "points"):
+        raise EffvisionError(f"unknown modality '{modality}' (choices: image, video, points)")
+    rows = []
+    for card in list_cards(modality):
+        model = build(resolve(card.name))
+        rows.append({"name": card.name, "arch": card.arch, "modality": card.modality, "params": count_params(model),
+                     "macs": count_macs(model, card.input_size), "input_size": card.input_size, "num_classes": card.num_classes, "dataset": card.dataset})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    _table("effvision zoo", ["name", "modality", "params", "MACs", "input size", "classes", "dataset"],
+           [[r["name"], r["modality"], _human(r["params"]), _human(r["macs"]), "x".join(map(str, r["input_size"])), str(r["num_classes"]), r["dataset"] or "-"] for r in rows])
+
+
+@zoo_app.command("show")
+def zoo_show(name: str = typer.Argument(..., help="A card name from `effvision zoo list`.")):
+    """Show one model card."""
+    from .models import resolve
+    from .models.zoo import get_card
+
+    resolve(name)  # raises with suggestions for an unknown name
+    card = get_card(name)
+    if card is None:
+        raise EffvisionError(f"'{name}' is an architecture, not a zoo card; cards: `effvision zoo list`")
+    print(json.dumps(card.model_dump(mode="json"), indent=2))
+
+
+# ----------------------------------------------------------------------------- data
+@data_app.command("inspect")
+def data_inspect(path: Path = typer.Argument(..., help="A file, a folder or a .zip."),
+                 as_json: bool = typer.Option(False, "--json", help="Print one JSON object per file (a list).")):
+    """Decode every file under PATH and report one status per file."""
+    from .data.inspect import inspect_path
+    from .progress import track
+
+    results = inspect_path(path, progress=track)
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    bad = [r for r in results if not r["ok"]]
+    shown = bad[:50] if len(results) > 50 else results
+    _table(f"{path}: {len(results) - len(bad)} ok, {len(bad)} failed", ["path", "ok", "kind", "shape", "error"],
+           [[r["path"], "yes" if r["ok"] else "[red]no[/]", r["kind"] or "-", "x".join(map(str, r["shape"])) if r["shape"] else "-", r["error"] or ""] for r in shown])
+
+
+# ----------------------------------------------------------------------------- pipeline
+def _print_report(report: dict, run_dir: Path) -> None:
+    from .report import table_rows
+
+    head, rows = table_rows(report)
+    _table(f"effvision: {report['recipe']}", head, rows)
+    out.print(f"report: {run_dir / 'report.md'}")
+
+
+def _run(recipe_path: str, sets: list[str], run_dir: Optional[Path], only: set[str] | None) -> None:
+    from .pipeline import run_pipeline
+    from .recipe import load_recipe
+
+    recipe = load_recipe(recipe_path, sets)
+    run_dir = run_dir or Path("runs") / recipe.name
+    report = run_pipeline(recipe, run_dir, only_types=only)
+    _print_report(report, run_dir)
+
+
+@app.command()
+def compress(recipe: str = typer.Argument(..., help="Recipe YAML (or a name under compress/)."),
+             set_: List[str] = typer.Option([], "--set", help=SET_HELP),
+             run_dir: Optional[Path] = typer.Option(None, help="Run folder (default runs/<recipe name>); an existing one resumes.")):
+    """Run a whole recipe: train, prune, distill, export, quantize, bench; writes report.json/md/html."""
+    _run(recipe, set_, run_dir, None)
+
+
+@app.command()
+def train(recipe: str = typer.Argument(..., help="Recipe YAML (or a name under compress/)."),
+          set_: List[str] = typer.Option([], "--set", help=SET_HELP),
+          run_dir: Optional[Path] = typer.Option(None, help="Run folder (default runs/<recipe name>).")):
+    """Run only the recipe's train stages (a later `compress` on the same run folder resumes after them)."""
+    _run(recipe, set_, run_dir, {"train"})
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="A run folder, e.g. runs/demo.")):
+    """Rebuild report.json/md/html of a run folder and print its table."""
+    from .report import write_report
+
+    _print_report(write_report(run_dir), run_dir)
+
+
+# ----------------------------------------------------------------------------- deploy
+def _load_model(spec: str, num_classes: Optional[int]):
+    """A checkpoint file written by effvision, or a model name (random weights)."""
+    from .models import create_model, load_checkpoint
+
+    if spec.endswith((".pt", ".pth", ".safetensors")) or os.sep in spec:
+        return load_checkpoint(spec)
+    return create_model(spec, num_classes=num_classes).eval()
+
+
+@app.command()
+def export(model: str = typer.Argument(..., help="An effvision checkpoint (model.pt) or a model name."),
+           format: str = typer.Option("onnx", "--format", help="onnx (executorch: not yet)"),
+           precision: str = typer.Option("fp32", help="fp32, or int8 (static, calibrated on --data)"),
+           out_file: Optional[Path] = typer.Option(None, "--out", help="Output file (default model.onnx)."),
+           data: str = typer.Option("digits", help="Dataset card for parity and int8 calibration."),
+           data_root: Optional[str] = typer.Option(None, help="data.root for that dataset."),
+           calibration_samples: int = typer.Option(256, help="Samples for int8 calibration.")):
+    """Export a model to ONNX (one file, dynamic batch), verified against PyTorch."""
+    import tempfile
+
+    from .compress.quantize import quantize_onnx
+    from .data import load_dataset
+    from .deploy import export_onnx, parity
+    from .deploy.runtime import onnx_predictor
+    from .evaluate import accuracy
+    from .recipe import DataConfig
+
+    if format != "onnx":
+        raise EffvisionError(f"format '{format}' is not supported yet (choices: onnx)")
+    if precision not in ("fp32", "int8"):
+        raise EffvisionError(f"precision '{precision}' is not supported for export (choices: fp32, int8)")
+    net = _load_model(model, None)
+    bundle = load_dataset(DataConfig(name=data, root=data_root))
+    if list(bundle.input_size) != list(net.effvision_spec["input_size"]) or bundle.num_classes != net.effvision_spec["num_classes"]:
+        raise EffvisionError(f"--data {data} ({bundle.num_classes} classes, input {bundle.input_size}) does not fit the model "
+                             f"({net.effvision_spec['num_classes']} classes, input {net.effvision_spec['input_size']}); pass --data")
+    out_file = out_file or Path("model.onnx")
+    if precision == "fp32":
+        export_onnx(net, out_file)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            fp32 = export_onnx(net, Path(tmp) / "fp32.onnx")
+            quantize_onnx(fp32, out_file, bundle.calibration_loader(calibration_samples))
+    check = parity(net, out_file, bundle.val_loader())
+    acc = accuracy(onnx_predictor(out_file), bundle.val_loader())
+    summary = {"out": str(out_file), "precision": precision, "size_bytes": out_file.stat().st_size, "accuracy": acc, **check}
+    from .fileio import write_json
+
+    write_json(out_file.with_suffix(".parity.json"), summary)
+    out.print(json.dumps(summary, indent=2))
+
+
+def _csv(value: str, cast=str) -> list:
+    try:
+        return [cast(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise EffvisionError(f"cannot parse '{value}' as a comma-separated list") from None
+
+
+@app.command()
+def bench(artifact: str = typer.Argument(..., help="An .onnx file, an effvision checkpoint or a model name."),
+          backend: Optional[str] = typer.Option(None, help="Comma list: torch-eager, onnxruntime-cpu (default: by artifact)."),
+          precision: str = typer.Option("fp32", help="fp32 (quantize with `export --precision int8`, then bench the file)."),
+          batch: str = typer.Option("1,32", help="Comma list of batch sizes."),
+          warmup: int = typer.Option(10, help="Untimed warm-up runs."),
+          repeats: int = typer.Option(50, help="Timed runs per batch size."),
+          threads: Optional[int] = typer.Option(None, help="Intra-op threads (default: all cores)."),
+          json_file: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here.")):
+    """Latency p50/p90/p99 and throughput with warm-up and repeats."""
+    import tempfile
+
+    from .deploy.bench import benchmark
+    from .deploy.runtime import onnx_input_shape
+    from .fileio import write_json
+    from .models import input_shape
+    from .registry import BACKENDS
+
+    if precision != "fp32":
+        raise EffvisionError(f"precision '{precision}': bench an int8 ONNX file made by `effvision export --precision int8` (choices here: fp32)")
+    batches = _csv(batch, int)
+    backends = _csv(backend) if backend else None
+    for b in backends or []:
+        BACKENDS.get(b)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if artifact.endswith(".onnx"):
+            if not Path(artifact).is_file():
+                raise EffvisionError(f"ONNX file not found: {artifact}")
+            targets = {"onnxruntime-cpu": artifact}
+            shape = onnx_input_shape(artifact)
+            if backends and backends != ["onnxruntime-cpu"]:
+                raise EffvisionError("an .onnx file runs on onnxruntime-cpu only; give a checkpoint to bench torch-eager")
+        else:
+            from .deploy import export_onnx
+
+            net = _load_model(artifact, None)
+            shape = input_shape(net)
+            targets = {"torch-eager": net}
+            if backends is None or "onnxruntime-cpu" in backends:
+                targets["onnxruntime-cpu"] = str(export_onnx(net, Path(tmp) / "model.onnx"))
+        for name, target in targets.items():
+            if backends is None or name in backends:
+                results += benchmark(target, shape, name, tuple(batches), warmup, repeats, threads)
+    _table(f"bench: {artifact}", ["backend", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s"],
+           [[r["backend"], str(r["batch"]), f"{r['p50']:.3f}", f"{r['p90']:.3f}", f"{r['p99']:.3f}", f"{r['samples_per_s']:.0f}"] for r in results])
+    if json_file:
+        from .env import collect_env
+
+        write_json(json_file, {"artifact": artifact, "results": results, "env": collect_env()})
+
+
+# ----------------------------------------------------------------------------- entry point
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub at run time
+    try:
+        # typer handles usage errors (exit 2) and --help itself and ends with SystemExit
+        app(args=argv, prog_name="effvision")
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        print("effvision: interrupted; completed stages are kept, run the same command again to resume", file=sys.stderr)
+        return 130
+    except EffvisionError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"effvision: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001  (an unexpected failure still gets one line unless --debug)
+        if debug:
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        print(f"effvision: internal error: {type(exc).__name__}: {first} (run again with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

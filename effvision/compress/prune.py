@@ -1,0 +1,70 @@
+"""Structured channel pruning with torch-pruning's dependency graph: the result is a physically
+smaller model (fewer channels), not a masked one."""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import EffvisionError
+from ..models.adapters import classifier_of
+from ..models.profile import input_shape
+
+IMPORTANCE = ("l1", "l2", "bn_scale", "taylor")
+
+
+def _importance(kind: str):
+    import torch_pruning as tp
+
+    if kind == "l1":
+        return tp.importance.GroupMagnitudeImportance(p=1)
+    if kind == "l2":
+        return tp.importance.GroupMagnitudeImportance(p=2)
+    if kind == "bn_scale":
+        return tp.importance.BNScaleImportance()
+    if kind == "taylor":
+        return tp.importance.GroupTaylorImportance()
+    raise EffvisionError(f"unknown importance '{kind}' (choices: {', '.join(IMPORTANCE)})")
+
+
+def match_layers(model: nn.Module, patterns: list[str]) -> dict[str, nn.Module]:
+    """Modules named exactly, or matched by a `re:` regular expression."""
+    found = {}
+    for pat in patterns:
+        hits = {n: m for n, m in model.named_modules() if (re.fullmatch(pat[3:], n) if pat.startswith("re:") else n == pat)}
+        if not hits:
+            raise EffvisionError(f"no layer matches '{pat}' (layer names look like: {', '.join(list(dict(model.named_modules()))[1:6])}, ...)")
+        found.update(hits)
+    return found
+
+
+def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning: bool = False, layer_ratios: dict[str, float] | None = None,
+          ignore: list[str] | None = None, round_to: int | None = None, iterative_steps: int = 1, calib_loader=None) -> nn.Module:
+    """Remove `ratio` of the prunable channels in place (the classifier's outputs are kept)."""
+    import torch_pruning as tp
+
+    model = model.cpu().eval()
+    example = torch.zeros(1, *input_shape(model))
+    ignored = [m for m in [classifier_of(model)] if m is not None] + list(match_layers(model, ignore or []).values())
+    per_layer = {m: r for pat, r in (layer_ratios or {}).items() for m in match_layers(model, [pat]).values()}
+    pruner = tp.pruner.MetaPruner(model, example, importance=_importance(importance), pruning_ratio=ratio, global_pruning=global_pruning,
+                                  pruning_ratio_dict=per_layer or None, ignored_layers=ignored, round_to=round_to, iterative_steps=iterative_steps)
+    for _ in range(iterative_steps):
+        if importance == "taylor":
+            _accumulate_gradients(model, calib_loader)
+        pruner.step()
+    model.zero_grad(set_to_none=True)
+    return model
+
+
+def _accumulate_gradients(model: nn.Module, loader, batches: int = 4) -> None:
+    """Taylor importance needs loss gradients: a few training batches, no optimizer step."""
+    if loader is None:
+        raise EffvisionError("taylor importance needs data to compute gradients")
+    model.zero_grad(set_to_none=True)
+    for i, (x, y) in enumerate(loader):
+        if i >= batches:
+            break
+        F.cross_entropy(model(x), y).backward()

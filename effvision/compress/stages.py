@@ -1,0 +1,78 @@
+"""Compression stages: prune, distill, quantize (configs + handlers registered in STAGES)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+from pydantic import Field
+
+from ..errors import EffvisionError
+from ..recipe import StageConfig
+from ..stage import StageResult, register_stage
+from ..train.config import TrainSettings
+from ..train.loop import fit
+from .prune import prune
+from .quantize import cpu_has_vnni, quantize_onnx
+
+
+class PruneConfig(StageConfig):
+    type: Literal["prune"] = "prune"
+    ratio: float = Field(0.5, gt=0, lt=1, description="fraction of channels removed per prunable layer")
+    importance: Literal["l1", "l2", "bn_scale", "taylor"] = "l2"
+    global_pruning: bool = False
+    layer_ratios: dict[str, float] = Field(default_factory=dict, description="per-layer ratio by module name or re:regex")
+    ignore: list[str] = Field(default_factory=list, description="module names or re:regex kept intact")
+    round_to: Optional[int] = Field(None, gt=0, description="keep channel counts multiples of this")
+    iterative_steps: int = Field(1, ge=1)
+
+
+@register_stage("prune", PruneConfig)
+def run_prune(ctx, cfg: PruneConfig) -> StageResult:
+    """Structured channel pruning (torch-pruning dependency graph)."""
+    model = ctx.model
+    prune(model, cfg.ratio, cfg.importance, cfg.global_pruning, cfg.layer_ratios, cfg.ignore, cfg.round_to, cfg.iterative_steps,
+          calib_loader=ctx.data.train_loader(seed=ctx.seed) if cfg.importance == "taylor" else None)
+    return ctx.torch_result(model)
+
+
+class DistillConfig(TrainSettings, StageConfig):
+    type: Literal["distill"] = "distill"
+    teacher: Optional[str] = Field("auto", description="auto (the model before the last prune), a stage name, a checkpoint, or null")
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft (teacher) loss")
+    epochs: int = Field(8, ge=0)
+    lr: float = Field(0.02, gt=0)
+
+
+@register_stage("distill", DistillConfig)
+def run_distill(ctx, cfg: DistillConfig) -> StageResult:
+    """Fine-tune with logit distillation from a teacher; plain fine-tuning without one."""
+    teacher, teacher_from = ctx.resolve_teacher(cfg.teacher)
+    model = ctx.model
+    res = fit(model, ctx.data, cfg, ctx.device, seed=ctx.seed, teacher=teacher, temperature=cfg.temperature, alpha=cfg.alpha, label=cfg.name)
+    return ctx.torch_result(model, accuracy=res.accuracy, time_to_accuracy_s=res.time_to_accuracy_s,
+                            extra={"teacher": teacher_from, "train_s": round(res.train_s, 3), "history": res.history})
+
+
+class QuantizeConfig(StageConfig):
+    type: Literal["quantize"] = "quantize"
+    calibration_samples: int = Field(256, gt=0, description="training samples used to calibrate activations")
+    method: Literal["minmax", "percentile", "entropy"] = "minmax"
+    per_channel: bool = True
+    exclude: list[str] = Field(default_factory=list, description="ONNX node names left in float")
+    reduce_range: Union[bool, Literal["auto"]] = Field("auto", description="7-bit weights; auto: when the CPU lacks VNNI")
+
+
+@register_stage("quantize", QuantizeConfig)
+def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
+    """Post-training static int8 (ONNX Runtime QDQ, U8S8, per-channel)."""
+    src = ctx.onnx
+    if src is None:  # no export stage before: export the current model first
+        from ..deploy.onnx_export import export_onnx
+
+        src = export_onnx(ctx.model, ctx.stage_dir / "fp32.onnx")
+    reduce_range = (not cpu_has_vnni()) if cfg.reduce_range == "auto" else cfg.reduce_range
+    out = quantize_onnx(src, ctx.stage_dir / "model.onnx", ctx.data.calibration_loader(cfg.calibration_samples, seed=ctx.seed),
+                        cfg.method, cfg.per_channel, cfg.exclude, reduce_range)
+    return ctx.onnx_result(out, extra={"calibration_samples": cfg.calibration_samples, "method": cfg.method, "reduce_range": reduce_range,
+                                       "fp32_onnx_bytes": Path(src).stat().st_size})

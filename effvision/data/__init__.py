@@ -1,0 +1,120 @@
+"""Datasets by card name: load_dataset() gives train/val splits, transforms and loaders."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..errors import EffvisionError
+from ..progress import track
+from ..recipe import DataConfig
+from ..registry import DATASETS
+from . import builtin  # noqa: F401  (registers digits and imagefolder)
+from .cards import DatasetCard, get_card
+from .transforms import eval_transform, train_transform
+
+
+class Subset(torch.utils.data.Subset):
+    """A subset that keeps `targets`, `classes` and the scan report of its parent."""
+
+    def __init__(self, parent: Dataset, indices: list[int]):
+        super().__init__(parent, indices)
+        self.targets = [parent.targets[i] for i in indices]
+        self.classes, self.report = parent.classes, parent.report
+
+
+def stratified_subset(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:
+    if n is None or n >= len(ds):
+        return ds
+    from sklearn.model_selection import train_test_split
+
+    idx, _ = train_test_split(list(range(len(ds))), train_size=n, stratify=ds.targets, random_state=seed)
+    return Subset(ds, sorted(idx))
+
+
+@dataclass
+class DatasetBundle:
+    name: str
+    modality: str
+    card: DatasetCard
+    config: DataConfig
+    train: Dataset
+    val: Dataset
+    classes: list[str]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def input_size(self) -> list[int]:
+        return [3, self.card.image_size, self.card.image_size]
+
+    @property
+    def bad_samples(self) -> list[tuple[str, str]]:
+        seen = {id(self.train.report): self.train.report, id(self.val.report): self.val.report}
+        return [b for r in seen.values() for b in r.bad]
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "modality": self.modality, "train_size": len(self.train), "val_size": len(self.val),
+                "num_classes": self.num_classes, "bad_samples": len(self.bad_samples)}
+
+    def train_loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> DataLoader:
+        bs = batch_size or self.config.batch_size
+        return DataLoader(_Transformed(self.train, self.train_tf), batch_size=bs, shuffle=shuffle, drop_last=len(self.train) > bs,
+                          num_workers=self.config.num_workers, generator=torch.Generator().manual_seed(seed),
+                          persistent_workers=self.config.num_workers > 0)
+
+    def val_loader(self, batch_size: int | None = None) -> DataLoader:
+        return DataLoader(_Transformed(self.val, self.eval_tf), batch_size=batch_size or self.config.eval_batch_size,
+                          shuffle=False, num_workers=self.config.num_workers)
+
+    def calibration_loader(self, n: int, batch_size: int = 32, seed: int = 0) -> DataLoader:
+        """n training samples with eval transforms (what the deployed model will see)."""
+        sub = stratified_subset(self.train, min(n, len(self.train)), seed) if n < len(self.train) else self.train
+        return DataLoader(_Transformed(sub, self.eval_tf), batch_size=batch_size, shuffle=False)
+
+    @property
+    def train_tf(self):
+        c = self.card
+        return train_transform(c.image_size, c.mean, c.std, c.hflip, c.train_crop)
+
+    @property
+    def eval_tf(self):
+        c = self.card
+        return eval_transform(c.image_size, c.mean, c.std)
+
+
+class _Transformed(Dataset):
+    """Applies a transform on top of a dataset that yields uint8 images."""
+
+    def __init__(self, ds: Dataset, transform):
+        self.ds, self.transform = ds, transform
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        img, y = self.ds[i]
+        return self.transform(img), y
+
+
+def load_dataset(config: DataConfig | str | None = None, seed: int = 0) -> DatasetBundle:
+    """Open a dataset by card name (e.g. 'digits', 'cifar10') or a DataConfig from a recipe."""
+    if config is None or isinstance(config, str):
+        config = DataConfig(name=config or "digits")
+    card = get_card(config.name)
+    if config.image_size:
+        card = card.model_copy(update={"image_size": config.image_size})
+    reader = DATASETS.get(card.source)
+    train, val = reader(card, config, progress=track)
+    if train.classes != val.classes:
+        raise EffvisionError(f"dataset {card.name}: train and val have different classes ({len(train.classes)} vs {len(val.classes)})")
+    if card.num_classes and card.num_classes != len(train.classes):
+        raise EffvisionError(f"dataset {card.name}: the card says {card.num_classes} classes, the data has {len(train.classes)}")
+    train = stratified_subset(train, config.max_train_samples, seed)
+    val = stratified_subset(val, config.max_val_samples, seed)
+    return DatasetBundle(card.name, card.modality, card, config, train, val, list(train.classes))

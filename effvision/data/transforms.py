@@ -1,0 +1,17 @@
+"""Train/eval transforms on uint8 CHW tensors (torchvision.transforms.v2)."""
+from __future__ import annotations
+
+import torch
+from torchvision.transforms import v2
+
+
+def train_transform(size: int, mean, std, hflip: bool = True, crop: str = "pad") -> v2.Compose:
+    ops = [v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True)] if crop == "resized" else [
+        v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.RandomCrop(size, padding=size // 8, padding_mode="reflect")]
+    if hflip:
+        ops.append(v2.RandomHorizontalFlip())
+    return v2.Compose([*ops, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+
+
+def eval_transform(size: int, mean, std) -> v2.Compose:
+    return v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])

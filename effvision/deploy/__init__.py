@@ -1,0 +1,16 @@
+"""Deployment: export (ONNX), evaluation of the exported artifact, the benchmark harness."""
+from .bench import benchmark
+from .onnx_export import export_onnx, parity
+from .runtime import onnx_predictor, ort_session
+
+export = export_onnx
+
+
+def evaluate(artifact, loader) -> float:
+    """Top-1 of a torch model or an ONNX file over a loader."""
+    from ..evaluate import accuracy, torch_predictor
+
+    return accuracy(onnx_predictor(artifact) if isinstance(artifact, (str, bytes)) or hasattr(artifact, "suffix") else torch_predictor(artifact), loader)
+
+
+__all__ = ["benchmark", "export", "export_onnx", "parity", "evaluate", "onnx_predictor", "ort_session"]

@@ -1,0 +1,46 @@
+"""ONNX Runtime sessions: one way to open and run an exported artifact."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import EffvisionError
+
+
+def ort_session(path: str | Path, threads: int | None = None, providers: list[str] | None = None):
+    import onnxruntime as ort
+
+    if not Path(path).is_file():
+        raise EffvisionError(f"ONNX file not found: {path}")
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001
+        raise EffvisionError(f"cannot load {path} in ONNX Runtime: {str(exc).splitlines()[0]}") from None
+
+
+def run_session(session, x: torch.Tensor | np.ndarray) -> np.ndarray:
+    arr = x.numpy() if isinstance(x, torch.Tensor) else x
+    inp = session.get_inputs()[0]
+    if inp.type == "tensor(float16)":
+        arr = arr.astype(np.float16)
+    return np.asarray(session.run(None, {inp.name: np.ascontiguousarray(arr)})[0], dtype=np.float32)
+
+
+def onnx_predictor(path: str | Path):
+    session = ort_session(path)
+    return lambda x: run_session(session, x)
+
+
+def onnx_input_shape(path: str | Path) -> list[int]:
+    """The per-sample input shape of an ONNX model (batch dimension dropped)."""
+    import onnx
+
+    inp = onnx.load(str(path), load_external_data=False).graph.input[0]
+    return [d.dim_value for d in inp.type.tensor_type.shape.dim][1:]

@@ -1,0 +1,50 @@
+"""Reach any timm or torchvision classification model by name, with num_classes and input size set."""
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from ..registry import UnknownNameError, suggest
+
+
+def create_timm(name: str, num_classes: int, input_size: list[int] | None, **kwargs) -> nn.Module:
+    import timm
+
+    if not timm.is_model(name):
+        raise UnknownNameError(suggest(name, timm.list_models(), "timm model"))
+    if input_size is not None:
+        # timm reads img_size for models whose shape depends on it (ViTs); CNNs ignore it.
+        entrypoint = timm.models.model_entrypoint(name)
+        kwargs.setdefault("pretrained_cfg_overlay", {})["input_size"] = tuple(input_size)
+        if "img_size" in str(inspect.signature(entrypoint)) or _vit_like(name):
+            kwargs.setdefault("img_size", input_size[-1])
+    return timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
+
+
+def _vit_like(name: str) -> bool:
+    return any(k in name for k in ("vit", "deit", "swin", "beit", "eva", "mixer", "levit", "cait", "xcit"))
+
+
+def create_torchvision(name: str, num_classes: int, input_size: list[int] | None, **kwargs) -> nn.Module:
+    import torchvision
+
+    available = torchvision.models.list_models(module=torchvision.models)
+    if name not in available:
+        raise UnknownNameError(suggest(name, available, "torchvision model"))
+    if input_size is not None and name.startswith(("vit", "swin", "maxvit")):
+        kwargs.setdefault("image_size", input_size[-1])
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **kwargs)
+
+
+def classifier_of(model: nn.Module) -> nn.Module | None:
+    """The final classification layer: the contract's get_classifier(), else the last Linear."""
+    if hasattr(model, "get_classifier"):
+        head = model.get_classifier()
+        if isinstance(head, nn.Module) and not isinstance(head, nn.Identity):
+            return head
+    last = None
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            last = m
+    return last

@@ -1,0 +1,58 @@
+"""create_model(): one entry point for zoo cards, registered architectures, timm: and torchvision:."""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..registry import MODELS, UnknownNameError, suggest
+from . import cifar_resnet  # noqa: F401  (registers the built-in architectures)
+from .adapters import create_timm, create_torchvision
+from .zoo import get_card, list_cards
+
+
+def list_models(modality: str | None = None) -> list[str]:
+    """Zoo card names and registered architectures (timm:/torchvision: reach far more)."""
+    return sorted({c.name for c in list_cards(modality)} | (set(MODELS.names()) if modality in (None, "image") else set()))
+
+
+def resolve(name: str, num_classes: int | None = None, input_size: list[int] | None = None, **kwargs) -> dict:
+    """The full spec of a model name: arch, num_classes, input size, kwargs, card weights."""
+    card = get_card(name)
+    spec: dict[str, Any] = {"name": name, "arch": name, "num_classes": num_classes, "input_size": input_size, "kwargs": dict(kwargs), "weights": None}
+    if card is not None:
+        spec.update(arch=card.arch, weights=card.weights, modality=card.modality)
+        spec["kwargs"] = {**card.kwargs, **kwargs}
+        spec["num_classes"] = num_classes or card.num_classes
+        spec["input_size"] = input_size or list(card.input_size)
+    elif not name.startswith(("timm:", "torchvision:")) and name not in MODELS:
+        raise UnknownNameError(suggest(name, list_models() + ["timm:<name>", "torchvision:<name>"], "model"))
+    spec["num_classes"] = spec["num_classes"] or 10
+    spec["input_size"] = spec["input_size"] or [3, 32, 32]
+    return spec
+
+
+def build(spec: dict) -> nn.Module:
+    """Instantiate a spec made by resolve() with random weights."""
+    arch, n, size, kwargs = spec["arch"], spec["num_classes"], spec["input_size"], dict(spec["kwargs"])
+    if arch.startswith("timm:"):
+        model = create_timm(arch[5:], n, size, **kwargs)
+    elif arch.startswith("torchvision:"):
+        model = create_torchvision(arch[12:], n, size, **kwargs)
+    else:
+        model = MODELS.get(arch)(num_classes=n, **kwargs)
+    model.effvision_spec = dict(spec)
+    return model
+
+
+def create_model(name: str, num_classes: int | None = None, pretrained: str | None = None, input_size: list[int] | None = None, **kwargs) -> nn.Module:
+    """Build a model by name; `pretrained` (or the card's weights) loads a local file, resetting
+    the head when its class count differs."""
+    from .checkpoint import load_pretrained
+
+    spec = resolve(name, num_classes, input_size, **kwargs)
+    model = build(spec)
+    weights = pretrained or spec.get("weights")
+    if weights:
+        load_pretrained(model, weights)
+    return model

@@ -1,0 +1,48 @@
+"""The zoo: one declarative YAML card per model entry under models/ (no code in cards)."""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Literal, Optional
+
+from pydantic import Field, ValidationError
+
+from ..errors import EffvisionError
+from ..paths import card_files
+from ..recipe import Strict, read_yaml
+
+
+class ModelCard(Strict):
+    name: str
+    arch: str = Field(..., description="registered architecture, timm:<name> or torchvision:<name>")
+    modality: Literal["image", "video", "points"] = "image"
+    num_classes: int = Field(..., gt=0)
+    input_size: list[int] = Field(..., min_length=3, max_length=4)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    dataset: Optional[str] = None
+    weights: Optional[str] = Field(None, description="local .pth/.safetensors file")
+    paper: Optional[str] = None
+    description: str = ""
+
+
+@lru_cache(maxsize=None)
+def _cards() -> dict[str, ModelCard]:
+    cards = {}
+    for stem, path in card_files("models").items():
+        raw = read_yaml(path) or {}
+        raw.setdefault("name", stem)
+        try:
+            card = ModelCard.model_validate(raw)
+        except ValidationError as exc:
+            from ..recipe import _format_errors
+
+            raise EffvisionError(_format_errors(exc, ModelCard, "", str(path))) from None
+        cards[card.name] = card
+    return cards
+
+
+def list_cards(modality: str | None = None) -> list[ModelCard]:
+    return [c for c in _cards().values() if modality in (None, c.modality)]
+
+
+def get_card(name: str) -> ModelCard | None:
+    return _cards().get(name)

@@ -1,0 +1,230 @@
+"""The stage runner: one stage after another into a run folder, resuming after the last
+completed stage. A stage is complete once its metrics.json exists (written last, atomically)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import yaml
+
+from .errors import EffvisionError
+from .fileio import read_json, write_json, write_text
+from .progress import log
+from .recipe import Recipe, recipe_to_dict
+from .registry import STAGES
+from .stage import StageResult
+
+INIT_DIR = "0-init"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise EffvisionError(f"device '{name}' requested but no CUDA GPU is available (use device: auto or cpu)")
+    return torch.device(name)
+
+
+def _hash(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class RunContext:
+    """What stages share: the data, the current model/ONNX artifact, earlier stages' records."""
+
+    def __init__(self, recipe: Recipe, run_dir: Path):
+        self.recipe, self.run_dir = recipe, run_dir
+        self.device = resolve_device(recipe.device)
+        self.seed = recipe.seed
+        self.records: list[dict] = []
+        self.model_path: Optional[Path] = None
+        self.onnx: Optional[Path] = None
+        self.stage_dir: Path = run_dir
+        self._model: Optional[torch.nn.Module] = None
+        self._data = None
+
+    # -- shared inputs -------------------------------------------------------------------
+    @property
+    def data(self):
+        if self._data is None:
+            from .data import load_dataset
+
+            self._data = load_dataset(self.recipe.data, seed=self.seed)
+            summary = self._data.summary()
+            if summary["bad_samples"]:
+                log(f"[yellow]skipped {summary['bad_samples']} unreadable files[/] (first: {self._data.bad_samples[0][0]})")
+            write_json(self.run_dir / "dataset.json", {**summary, "bad_files": [p for p, _ in self._data.bad_samples[:100]]})
+        return self._data
+
+    @property
+    def input_shape(self) -> list[int]:
+        return self.data.input_size
+
+    @property
+    def model(self) -> torch.nn.Module:
+        if self._model is None:
+            from .models import load_checkpoint
+
+            self._model = load_checkpoint(self.model_path)
+        return self._model
+
+    def initial_model(self) -> torch.nn.Module:
+        from .models import create_model
+
+        m = self.recipe.model
+        return create_model(m.name, num_classes=self.data.num_classes, pretrained=m.pretrained, input_size=self.data.input_size, **m.kwargs)
+
+    def rel(self, path: Path) -> str:
+        return str(Path(path).relative_to(self.run_dir))
+
+    # -- results -------------------------------------------------------------------------
+    def _size(self, model: torch.nn.Module) -> dict:
+        from .models import count_macs, count_params
+
+        return {"params": count_params(model), "macs": count_macs(model, self.input_shape)}
+
+    def torch_result(self, model: torch.nn.Module, accuracy: float | None = None, time_to_accuracy_s: float | None = None,
+                     extra: dict | None = None) -> StageResult:
+        """Save the stage's torch model, measure it, and make it the current model."""
+        from .evaluate import accuracy as top1, torch_predictor
+        from .models import save_checkpoint
+
+        model = model.eval()
+        path = save_checkpoint(model, self.stage_dir / "model.pt")
+        if accuracy is None:
+            accuracy = top1(torch_predictor(model, self.device), self.data.val_loader())
+        self._model, self.model_path = model, path
+        metrics = {**self._size(model), "size_bytes": path.stat().st_size, "accuracy": accuracy, "evaluated_with": "torch",
+                   "time_to_accuracy_s": time_to_accuracy_s, **(extra or {})}
+        return StageResult(metrics, {"model": path.name})
+
+    def onnx_result(self, path: Path, extra: dict | None = None) -> StageResult:
+        """Measure an ONNX artifact by running it in ONNX Runtime; make it the current artifact."""
+        from .deploy.runtime import onnx_predictor
+        from .evaluate import accuracy as top1
+
+        acc = top1(onnx_predictor(path), self.data.val_loader())
+        self.onnx = Path(path)
+        metrics = {**self._size(self.model), "size_bytes": Path(path).stat().st_size, "accuracy": acc, "evaluated_with": "onnxruntime",
+                   "time_to_accuracy_s": None, **(extra or {})}
+        return StageResult(metrics, {"onnx": Path(path).name})
+
+    def bench_result(self, measurements: list[dict], batch: int, throughput_batch: int) -> StageResult:
+        """The bench row describes the artifact that ships (the last ONNX, else the last model)."""
+        final = next((r for r in reversed(self.records) if "onnx" in r["artifacts"]), None) or self.records[-1]
+        keep = ("params", "macs", "size_bytes", "accuracy", "evaluated_with")
+        metrics = {k: final.get(k) for k in keep}
+        metrics.update(artifact_of=final["name"], time_to_accuracy_s=None, measurements=measurements)
+        return StageResult(metrics, {})
+
+    def artifacts_to_bench(self, targets: str):
+        """(stage name, kind, artifact) for every stage artifact, or only the last of each kind."""
+        from .models import load_checkpoint
+
+        items = [(r["name"], kind, self.run_dir / path) for r in self.records for kind, path in r["artifacts"].items()]
+        if targets == "final":
+            items = [i for i in items if i == [j for j in items if j[1] == i[1]][-1]]
+        for name, kind, path in items:
+            yield name, kind, (load_checkpoint(path) if kind == "model" else path)
+
+    def resolve_teacher(self, spec: str | None):
+        """The distillation teacher: auto = the model that entered the most recent prune stage."""
+        from .models import load_checkpoint
+
+        if spec in (None, "none", "null"):
+            return None, None
+        if spec == "auto":
+            pruned = [r for r in self.records if r["type"] == "prune"]
+            if not pruned:
+                log("  no prune stage before distill: plain fine-tuning")
+                return None, None
+            path = pruned[-1]["input_model"]
+        elif spec in {r["name"] for r in self.records}:
+            rec = next(r for r in self.records if r["name"] == spec)
+            if "model" not in rec["artifacts"]:
+                raise EffvisionError(f"teacher stage '{spec}' produced no torch model")
+            path = rec["artifacts"]["model"]
+        elif Path(spec).is_file():
+            return load_checkpoint(spec).to(self.device), spec
+        else:
+            names = [r["name"] for r in self.records if "model" in r["artifacts"]]
+            raise EffvisionError(f"teacher '{spec}' is neither 'auto', 'none', an earlier stage ({', '.join(names)}) nor a checkpoint file")
+        return load_checkpoint(self.run_dir / path).to(self.device), path
+
+    def adopt(self, record: dict) -> None:
+        """Take over a completed stage's outputs (on resume) without re-running it."""
+        arts = record["artifacts"]
+        if "model" in arts:
+            self.model_path, self._model = self.run_dir / arts["model"], None
+        if "onnx" in arts:
+            self.onnx = self.run_dir / arts["onnx"]
+        self.records.append(record)
+
+
+def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: set[str] | None = None) -> dict:
+    """Run (or resume) a recipe into run_dir (default runs/<recipe.name>); returns report.json."""
+    from .env import collect_env
+    from .report import write_report
+
+    run_dir = Path(run_dir or Path("runs") / recipe.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stages = [s for s in recipe.stages if only_types is None or s.type in only_types]
+    resolved = recipe_to_dict(recipe)
+    write_text(run_dir / "recipe.yaml", f"# resolved from {getattr(recipe, '_source', '<api>')}\n" + yaml.safe_dump(resolved, sort_keys=False))
+    write_json(run_dir / "env.json", {**collect_env(), "recipe": getattr(recipe, "_source", None)})
+    ctx = RunContext(recipe, run_dir)
+    torch.manual_seed(recipe.seed)
+
+    fingerprint = _hash(resolved["data"], resolved["model"], recipe.seed)
+    fresh = _prepare_initial_model(ctx, fingerprint)
+    planned = {INIT_DIR}
+    for k, cfg in enumerate(stages, 1):
+        fingerprint = _hash(fingerprint, cfg.model_dump(mode="json"))
+        sdir = run_dir / "stages" / f"{k}-{cfg.name}"
+        planned.add(sdir.name)
+        done = sdir / "metrics.json"
+        if not fresh and done.is_file() and read_json(done).get("fingerprint") == fingerprint:
+            ctx.adopt(read_json(done))
+            log(f"[dim]stage {k}/{len(stages)} {cfg.name}: completed earlier, resumed[/]")
+            continue
+        fresh = True  # everything after a re-run stage must re-run too
+        if sdir.exists():
+            shutil.rmtree(sdir)
+        sdir.mkdir(parents=True)
+        ctx.stage_dir = sdir
+        log(f"[bold]stage {k}/{len(stages)} {cfg.name}[/] ({cfg.type})")
+        input_model = ctx.rel(ctx.model_path) if ctx.model_path else None
+        start = time.perf_counter()
+        result = STAGES.get(cfg.type).run(ctx, cfg)
+        record = {"index": k, "name": cfg.name, "type": cfg.type, **result.metrics, "wall_s": round(time.perf_counter() - start, 3),
+                  "artifacts": {kind: ctx.rel(sdir / f) for kind, f in result.artifacts.items()}, "input_model": input_model,
+                  "fingerprint": fingerprint}
+        write_json(done, record)
+        ctx.adopt(record)
+    for old in (run_dir / "stages").iterdir():
+        if old.is_dir() and old.name not in planned:
+            shutil.rmtree(old)  # a stage the recipe no longer has
+    return write_report(run_dir)
+
+
+def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
+    """Build (or reuse) the recipe's starting model; True when it had to be built anew."""
+    from .models import save_checkpoint
+
+    sdir = ctx.run_dir / "stages" / INIT_DIR
+    done = sdir / "metrics.json"
+    if done.is_file() and read_json(done).get("fingerprint") == fingerprint:
+        ctx.model_path = sdir / "model.pt"
+        return False
+    if (ctx.run_dir / "stages").exists():
+        shutil.rmtree(ctx.run_dir / "stages")  # data or model changed: nothing earlier is valid
+    model = ctx.initial_model()
+    ctx.model_path = save_checkpoint(model, sdir / "model.pt")
+    ctx._model = model
+    write_json(done, {"fingerprint": fingerprint, "model": ctx.recipe.model.name})
+    return True

@@ -1,0 +1,210 @@
+"""Recipes: YAML -> typed, validated pydantic objects; `--set a.b=value` overrides; clear errors."""
+from __future__ import annotations
+
+import copy
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import EffvisionError
+from .registry import STAGES
+from .paths import find_file
+
+
+class RecipeError(EffvisionError):
+    """A recipe that cannot be used: names the file, the key path and what is allowed."""
+
+
+class Strict(BaseModel):
+    """Every config forbids unknown keys, so a typo is an error rather than a silent default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Strict):
+    name: str = Field("digits", description="dataset card (data/<name>.yaml) or registered dataset")
+    root: Optional[str] = Field(None, description="folder or .zip holding the data (cards may need it)")
+    image_size: Optional[int] = Field(None, gt=0, description="override the card's input size")
+    batch_size: int = Field(64, gt=0)
+    eval_batch_size: int = Field(256, gt=0)
+    num_workers: int = Field(0, ge=0)
+    on_bad_sample: Literal["skip", "fail"] = "skip"
+    max_train_samples: Optional[int] = Field(None, gt=0, description="stratified subset, for short runs")
+    max_val_samples: Optional[int] = Field(None, gt=0)
+
+
+class ModelConfig(Strict):
+    name: str = Field(..., description="zoo card, registered model, timm:<name> or torchvision:<name>")
+    pretrained: Optional[str] = Field(None, description="local .pth/.safetensors weights")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class StageConfig(Strict):
+    """Base of every stage's config; `type` selects the handler through the STAGES registry."""
+
+    type: str
+    name: Optional[str] = None
+
+
+class Recipe(Strict):
+    name: str = "run"
+    description: str = ""
+    seed: int = 0
+    device: str = Field("auto", description="auto, cpu or cuda")
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig
+    stages: list[Any] = Field(default_factory=list)
+
+    def stage_configs(self) -> list[StageConfig]:
+        return self.stages
+
+
+# ----------------------------------------------------------------------------- overrides
+def parse_set(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise RecipeError(f"--set {item!r}: expected key.path=value")
+    key, value = item.split("=", 1)
+    if not key.strip():
+        raise RecipeError(f"--set {item!r}: empty key")
+    return key.strip().split("."), yaml.safe_load(value) if value != "" else None
+
+
+def apply_overrides(raw: dict, sets: list[str]) -> dict:
+    """Apply `a.b.1.c=value` overrides; list items may also be named by a stage's name."""
+    raw = copy.deepcopy(raw)
+    for item in sets or []:
+        keys, value = parse_set(item)
+        node: Any = raw
+        for depth, key in enumerate(keys):
+            last = depth == len(keys) - 1
+            where = ".".join(keys[: depth + 1])
+            if isinstance(node, list):
+                idx = _list_index(node, key, where)
+                if last:
+                    node[idx] = value
+                else:
+                    node = node[idx]
+            elif isinstance(node, dict):
+                if last:
+                    node[key] = value
+                else:
+                    node = node.setdefault(key, {})
+            else:
+                raise RecipeError(f"--set {item}: '{'.'.join(keys[:depth])}' is not a mapping or list")
+    return raw
+
+
+def _list_index(items: list, key: str, where: str) -> int:
+    if key.lstrip("-").isdigit():
+        idx = int(key)
+        if not -len(items) <= idx < len(items):
+            raise RecipeError(f"--set {where}: index {idx} out of range ({len(items)} items)")
+        return idx
+    names = [s.get("name") or s.get("type") for s in items if isinstance(s, dict)]
+    if key in names:
+        return names.index(key)
+    raise RecipeError(f"--set {where}: no item named '{key}' (items: {', '.join(map(str, names))})")
+
+
+# ----------------------------------------------------------------------------- validation
+def _unwrap(annotation: Any) -> Any:
+    """The BaseModel class inside Optional[...] / list[...] annotations, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _unwrap(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(cls: type[BaseModel], loc: tuple) -> Optional[type[BaseModel]]:
+    for key in loc:
+        if isinstance(key, int) or cls is None:
+            continue
+        field = cls.model_fields.get(key)
+        cls = _unwrap(field.annotation) if field else None
+    return cls
+
+
+def _format_errors(err: ValidationError, cls: type[BaseModel], prefix: str, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = f"{prefix}{'.'.join(str(p) for p in loc)}"
+        if e["type"] == "extra_forbidden":
+            parent = _model_at(cls, loc[:-1])
+            valid = sorted(parent.model_fields) if parent else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            lines.append(f"{source}: {path}: unknown key{hint} (valid keys: {', '.join(valid)})")
+        elif e["type"] == "missing":
+            lines.append(f"{source}: {path}: required key is missing")
+        else:
+            lines.append(f"{source}: {path}: {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(lines)
+
+
+def validate_stage(raw: Any, index: int, source: str) -> StageConfig:
+    where = f"stages.{index}"
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{source}: {where}: a stage must be a mapping with a 'type' key")
+    if "type" not in raw:
+        raise RecipeError(f"{source}: {where}.type: required key is missing (choices: {', '.join(STAGES.names())})")
+    try:
+        stage = STAGES.get(str(raw["type"]))
+    except ValueError as exc:
+        raise RecipeError(f"{source}: {where}.type: {exc}") from None
+    try:
+        return stage.config.model_validate(raw)
+    except ValidationError as exc:
+        raise RecipeError(_format_errors(exc, stage.config, f"{where}.", source)) from None
+
+
+def validate_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
+    """Turn a raw mapping into a Recipe whose stages are each their own typed config."""
+    from . import stages as _stages  # noqa: F401  (registers the stage types)
+
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{source}: a recipe must be a YAML mapping")
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as exc:
+        raise RecipeError(_format_errors(exc, Recipe, "", source)) from None
+    typed = [validate_stage(s, i, source) for i, s in enumerate(recipe.stages)]
+    names = [s.name or s.type for s in typed]
+    for i, s in enumerate(typed):
+        s.name = names[i]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise RecipeError(f"{source}: stages: names must be unique; repeated: {', '.join(dupes)} (give each a 'name:')")
+    recipe.stages = typed
+    return recipe
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise RecipeError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Load a recipe file (or a name under compress/), apply --set overrides and validate."""
+    file = find_file(path, "compress", "recipe")
+    raw = apply_overrides(read_yaml(file) or {}, overrides or [])
+    recipe = validate_recipe(raw, str(file))
+    recipe._source = str(file)
+    return recipe
+
+
+def recipe_to_dict(recipe: Recipe) -> dict:
+    out = recipe.model_dump(mode="json", exclude={"stages"})
+    out["stages"] = [s.model_dump(mode="json") for s in recipe.stages]
+    return out

@@ -1,0 +1,23 @@
+"""The `train` stage: fine-tune the current model with the one training loop."""
+from __future__ import annotations
+
+from typing import Literal
+
+from ..recipe import StageConfig
+from ..stage import StageResult, register_stage
+from .config import TrainSettings
+from .loop import fit
+
+
+class TrainStageConfig(TrainSettings, StageConfig):
+    type: Literal["train"] = "train"
+
+
+@register_stage("train", TrainStageConfig)
+def run_train(ctx, cfg: TrainStageConfig) -> StageResult:
+    """Train the current model on the recipe's data (classification)."""
+    model = ctx.model
+    res = fit(model, ctx.data, cfg, ctx.device, seed=ctx.seed, label=cfg.name)
+    return ctx.torch_result(model, accuracy=res.accuracy, time_to_accuracy_s=res.time_to_accuracy_s,
+                            extra={"epochs_to_accuracy": res.epochs_to_accuracy, "target_accuracy": cfg.target_accuracy,
+                                   "train_s": round(res.train_s, 3), "history": res.history})

@@ -1,0 +1,61 @@
+"""Shared fixtures: quiet output, no hub access, tiny recipes and generated image folders."""
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+os.environ["EFFVISION_QUIET"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared (real test data) is not present")
+
+
+def tiny_recipe(**over) -> dict:
+    """A recipe through every stage that runs in seconds: a quarter-width net on 400 digits."""
+    raw = {
+        "name": "tiny", "seed": 0,
+        "data": {"name": "digits", "max_train_samples": 400, "max_val_samples": 120, "batch_size": 32},
+        "model": {"name": "cifar_resnet8", "kwargs": {"width": 0.25}},
+        "stages": [
+            {"name": "baseline", "type": "train", "epochs": 3, "optimizer": "adamw", "lr": 3e-3, "target_accuracy": 0.2},
+            {"type": "prune", "ratio": 0.5},
+            {"type": "distill", "epochs": 1},
+            {"type": "export"},
+            {"type": "quantize", "calibration_samples": 64},
+            {"type": "bench", "warmup": 2, "repeats": 5, "throughput_batch": 8},
+        ],
+    }
+    raw.update(over)
+    return raw
+
+
+def write_image_folder(root: Path, classes=("cat", "dog"), per_class: int = 6, size: int = 20) -> Path:
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            arr = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
+            Image.fromarray(arr).save(root / c / f"{i}.png")
+    return root
+
+
+def zip_folder(folder: Path, dest: Path, prefix: str = "") -> Path:
+    with zipfile.ZipFile(dest, "w") as z:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file():
+                z.write(p, prefix + str(p.relative_to(folder)))
+    return dest
+
+
+@pytest.fixture
+def image_root(tmp_path) -> Path:
+    """<root>/train and <root>/val ImageFolder trees of random images."""
+    write_image_folder(tmp_path / "train")
+    write_image_folder(tmp_path / "val", per_class=3)
+    return tmp_path

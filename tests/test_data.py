@@ -1,0 +1,98 @@
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from effvision.data import load_dataset
+from effvision.data.images import ImageFolderDataset
+from effvision.data.inspect import inspect_path
+from effvision.errors import EffvisionError
+from effvision.recipe import DataConfig
+from conftest import SHARED, needs_shared, write_image_folder, zip_folder
+
+
+def test_digits_is_the_real_sklearn_set_with_a_fixed_stratified_split():
+    a, b = load_dataset("digits"), load_dataset("digits")
+    assert len(a.train) == 1437 and len(a.val) == 360 and a.num_classes == 10
+    assert a.train.targets == b.train.targets  # fixed split
+    counts = Counter(a.val.targets)
+    assert max(counts.values()) - min(counts.values()) <= 2  # stratified
+    img, _ = a.train.image(0), a.train.targets[0]
+    assert img.shape == (3, 32, 32) and img.dtype == torch.uint8 and img.max() > 200
+
+
+def test_loaders_apply_transforms():
+    b = load_dataset(DataConfig(name="digits", batch_size=16))
+    x, y = next(iter(b.train_loader()))
+    assert x.shape == (16, 3, 32, 32) and x.dtype == torch.float32 and y.shape == (16,)
+    xv, _ = next(iter(b.val_loader(8)))
+    assert abs(float(xv.mean())) < 1.0
+
+
+def test_stratified_subset():
+    b = load_dataset(DataConfig(name="digits", max_train_samples=100, max_val_samples=50))
+    assert len(b.train) == 100 and len(b.val) == 50 and set(b.train.targets) == set(range(10))
+
+
+def test_imagefolder_from_folder_and_zip(image_root, tmp_path):
+    folder = ImageFolderDataset(image_root / "train")
+    assert folder.classes == ["cat", "dog"] and len(folder) == 12
+    zipped = zip_folder(image_root / "train", tmp_path / "train.zip", prefix="train/")
+    z = ImageFolderDataset(zipped)
+    assert z.classes == ["cat", "dog"] and len(z) == 12
+    assert torch.equal(z.image(0), folder.image(0))
+
+
+def test_imagefolder_dataset_card_via_root(image_root):
+    b = load_dataset(DataConfig(name="imagefolder", root=str(image_root), image_size=16))
+    assert len(b.train) == 12 and len(b.val) == 6 and b.input_size == [3, 16, 16]
+    x, _ = next(iter(b.train_loader(4)))
+    assert x.shape == (4, 3, 16, 16)
+
+
+def test_corrupt_image_skipped_and_counted_or_fails_with_path(image_root):
+    bad = image_root / "train" / "cat" / "broken.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    ds = ImageFolderDataset(image_root / "train", on_bad_sample="skip")
+    assert len(ds) == 12 and len(ds.report.bad) == 1 and ds.report.bad[0][0].endswith("broken.png")
+    with pytest.raises(EffvisionError, match=r"corrupt image .*broken\.png"):
+        ImageFolderDataset(image_root / "train", on_bad_sample="fail")
+
+
+def test_missing_data_path(tmp_path):
+    with pytest.raises(EffvisionError, match="data path not found"):
+        load_dataset(DataConfig(name="imagefolder", root=str(tmp_path / "nope")))
+    with pytest.raises(EffvisionError, match="needs a path"):
+        load_dataset(DataConfig(name="cifar10"))
+
+
+def test_unknown_dataset_suggests():
+    with pytest.raises(EffvisionError, match="did you mean 'digits'"):
+        load_dataset("digit")
+
+
+def test_inspect_reports_one_status_per_file(image_root):
+    (image_root / "train" / "dog" / "bad.jpg").write_bytes(b"garbage")
+    (image_root / "train" / "notes.txt").write_text("hi")
+    results = inspect_path(image_root / "train")
+    assert len(results) == 14
+    by_name = {r["path"].rsplit("/", 1)[-1]: r for r in results}
+    assert by_name["0.png"]["ok"] and by_name["0.png"]["shape"] == [20, 20, 3] and by_name["0.png"]["kind"] == "image"
+    assert not by_name["bad.jpg"]["ok"] and by_name["bad.jpg"]["error"]
+    assert not by_name["notes.txt"]["ok"] and by_name["notes.txt"]["kind"] is None
+    assert set(results[0]) == {"path", "ok", "kind", "shape", "frames", "points", "error"}
+    json.dumps(results)
+
+
+@needs_shared
+def test_real_cifar10_images_from_shared_testdata():
+    ds = ImageFolderDataset(SHARED / "testdata" / "images" / "cifar10_test")
+    assert len(ds) == 300 and len(ds.classes) == 10 and ds.image(0).shape == (3, 32, 32)
+
+
+@needs_shared
+@pytest.mark.slow
+def test_real_cifar10_zip_from_shared_datasets():
+    ds = ImageFolderDataset(SHARED / "datasets" / "cifar10-jpeg-test.zip")
+    assert len(ds) == 10000 and len(ds.classes) == 10 and not ds.report.bad

@@ -1,0 +1,118 @@
+"""Every registered architecture and zoo card: create -> forward -> backward -> prune -> export -> parity."""
+import pytest
+import torch
+
+from effvision.compress import prune
+from effvision.deploy import export_onnx
+from effvision.deploy.runtime import onnx_predictor
+from effvision.errors import EffvisionError
+from effvision.models import count_macs, count_params, create_model, list_models, load_checkpoint, load_pretrained, save_checkpoint
+from effvision.models.zoo import list_cards
+from effvision.registry import MODELS
+
+NAMES = MODELS.names() + [c.name for c in list_cards()] + ["timm:resnet10t", "torchvision:mobilenet_v3_small"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_contract_prune_export_parity(name, tmp_path):
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=7, input_size=[3, 32, 32])
+    x = torch.randn(2, 3, 32, 32)
+    model.train()
+    out = model(x)
+    assert out.shape == (2, 7)
+    out.sum().backward()
+    assert any(p.grad is not None for p in model.parameters())
+    if hasattr(model, "forward_features"):
+        assert model.forward_head(model.forward_features(x)).shape == (2, 7)
+    macs, params = count_macs(model), count_params(model)
+    prune(model, 0.5)
+    assert count_macs(model) < 0.75 * macs and count_params(model) < params
+    model.eval()
+    path = export_onnx(model, tmp_path / "m.onnx")
+    with torch.inference_mode():
+        ref = model(x).numpy()
+    got = onnx_predictor(path)(torch.cat([x, x, x]))  # a batch size other than the export's
+    assert got.shape == (6, 7)
+    assert abs(got[:2] - ref).max() < 1e-3
+
+
+def test_unknown_model_suggests():
+    with pytest.raises(ValueError, match="did you mean 'cifar_resnet8'"):
+        create_model("cifar_resnt8")
+    with pytest.raises(ValueError, match="did you mean 'mobilenetv3_small_100'"):
+        create_model("timm:mobilenetv3_smal_100")
+    with pytest.raises(ValueError, match="did you mean 'resnet18'"):
+        create_model("torchvision:resnet_18")
+
+
+def test_zoo_cards_are_listed():
+    assert "cifar_resnet8_100.digits" in list_models()
+
+
+def test_pruned_checkpoint_rebuilds_exactly(tmp_path):
+    m = create_model("cifar_resnet8", num_classes=10).eval()
+    prune(m, 0.4, importance="l1")
+    save_checkpoint(m, tmp_path / "p.pt")
+    again = load_checkpoint(tmp_path / "p.pt")
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        assert torch.allclose(m(x), again(x), atol=1e-6)
+    assert count_params(again) == count_params(m)
+
+
+def test_checkpoint_is_loadable_with_weights_only(tmp_path):
+    m = create_model("cifar_resnet8")
+    save_checkpoint(m, tmp_path / "c.pt")
+    payload = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert payload["format"].startswith("effvision-checkpoint")
+
+
+def test_pretrained_weights_reset_head_when_classes_differ(tmp_path):
+    from safetensors.torch import save_file
+
+    src = create_model("cifar_resnet8", num_classes=10)
+    save_file(src.state_dict(), str(tmp_path / "w.safetensors"))
+    torch.save({"state_dict": src.state_dict()}, tmp_path / "w.pth")
+    for f in ("w.safetensors", "w.pth"):
+        dst = create_model("cifar_resnet8", num_classes=4, pretrained=str(tmp_path / f))
+        assert torch.equal(dst.stem[0].weight, src.stem[0].weight)
+        assert dst.fc.out_features == 4
+    same = create_model("cifar_resnet8", num_classes=10, pretrained=str(tmp_path / "w.pth"))
+    assert torch.equal(same.fc.weight, src.fc.weight)
+
+
+def test_checkpoint_with_mismatched_shapes_is_a_clear_error(tmp_path):
+    other = create_model("cifar_resnet8", width=0.5)
+    torch.save(other.state_dict(), tmp_path / "w.pth")
+    with pytest.raises(EffvisionError, match=r"does not match the model: stem\.0\.weight has shape"):
+        create_model("cifar_resnet8", pretrained=str(tmp_path / "w.pth"))
+
+
+def test_unreadable_checkpoint(tmp_path):
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(EffvisionError, match="cannot read checkpoint"):
+        load_checkpoint(tmp_path / "junk.pt")
+    with pytest.raises(EffvisionError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+@pytest.mark.parametrize("importance", ["l1", "l2", "bn_scale", "taylor"])
+def test_prune_importances(importance):
+    from effvision.data import load_dataset
+    from effvision.recipe import DataConfig
+
+    data = load_dataset(DataConfig(name="digits", max_train_samples=64, batch_size=16))
+    m = create_model("cifar_resnet8", width=0.5)
+    before = count_macs(m)
+    prune(m, 0.5, importance=importance, calib_loader=data.train_loader())
+    assert count_macs(m) < 0.4 * before
+    assert m(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
+def test_prune_layer_overrides_by_name_and_regex():
+    m = create_model("cifar_resnet8")
+    prune(m, 0.5, ignore=["re:stages\\.2\\..*"])
+    assert m.stages[2].conv1.out_channels == 128
+    with pytest.raises(EffvisionError, match="no layer matches"):
+        prune(create_model("cifar_resnet8"), 0.5, ignore=["nonexistent.layer"])

@@ -1,0 +1,136 @@
+"""The stage runner end to end on a tiny recipe: report fields, measured artifacts, resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+import yaml
+
+from effvision.pipeline import run_pipeline
+from effvision.recipe import validate_recipe
+from conftest import tiny_recipe
+
+REPORT_STAGE_FIELDS = {"name", "type", "params", "macs", "size_bytes", "accuracy", "evaluated_with", "latency_ms", "throughput", "wall_s", "time_to_accuracy_s"}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    report = run_pipeline(validate_recipe(tiny_recipe()), run_dir)
+    return run_dir, report
+
+
+def test_run_folder_layout(tiny_run):
+    run_dir, _ = tiny_run
+    for f in ("recipe.yaml", "env.json", "report.json", "report.md", "report.html", "dataset.json"):
+        assert (run_dir / f).is_file(), f
+    names = sorted(p.name for p in (run_dir / "stages").iterdir())
+    assert names == ["0-init", "1-baseline", "2-prune", "3-distill", "4-export", "5-quantize", "6-bench"]
+    assert (run_dir / "stages/4-export/model.onnx").is_file() and (run_dir / "stages/5-quantize/model.onnx").is_file()
+    assert yaml.safe_load((run_dir / "recipe.yaml").read_text())["stages"][1]["ratio"] == 0.5
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["torch"] and env["onnxruntime"] and env["cpu"]
+
+
+def test_report_has_documented_fields(tiny_run):
+    run_dir, report = tiny_run
+    assert report == json.loads((run_dir / "report.json").read_text())
+    assert report["dataset"] == {"name": "digits", "modality": "image", "train_size": 400, "val_size": 120, "num_classes": 10, "bad_samples": 0}
+    for s in report["stages"]:
+        assert REPORT_STAGE_FIELDS <= set(s), s["name"]
+    assert report["artifacts"]["onnx"] == "stages/5-quantize/model.onnx"
+    assert {"torch", "onnxruntime", "cpu", "gpu"} <= set(report["env"])
+
+
+def test_each_stage_is_measured(tiny_run):
+    _, report = tiny_run
+    st = {s["name"]: s for s in report["stages"]}
+    assert st["baseline"]["time_to_accuracy_s"] is not None  # target 0.2 is reachable
+    assert st["prune"]["macs"] < 0.5 * st["baseline"]["macs"] and st["prune"]["params"] < st["baseline"]["params"]
+    assert st["distill"]["teacher"] == "stages/1-baseline/model.pt"
+    assert st["export"]["evaluated_with"] == "onnxruntime" and st["export"]["parity"]["max_abs_diff"] < 1e-3
+    assert st["export"]["parity"]["top1_agreement"] == 1.0
+    assert st["quantize"]["evaluated_with"] == "onnxruntime"
+    assert st["quantize"]["size_bytes"] < st["export"]["size_bytes"]  # a 5k-param net: graph overhead dominates
+    for name in ("baseline", "distill", "export", "quantize"):
+        lat = st[name]["latency_ms"]
+        assert lat and lat["p50"] > 0 and lat["p50"] <= lat["p90"] <= lat["p99"]
+        assert st[name]["throughput"]["samples_per_s"] > 0
+    assert st["bench"]["latency_ms"]["backend"] == "onnxruntime-cpu" and st["bench"]["artifact_of"] == "quantize"
+
+
+def test_int8_onnx_is_qdq_with_uint8_activations_and_int8_weights(tiny_run):
+    run_dir, _ = tiny_run
+    model = onnx.load(str(run_dir / "stages/5-quantize/model.onnx"))
+    ops = {n.op_type for n in model.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    zero_points = {i.name: i.data_type for i in model.graph.initializer if i.name.endswith("zero_point")}
+    assert onnx.TensorProto.UINT8 in zero_points.values() and onnx.TensorProto.INT8 in zero_points.values()
+
+
+def test_report_md_and_html_show_every_stage(tiny_run):
+    run_dir, report = tiny_run
+    md, page = (run_dir / "report.md").read_text(), (run_dir / "report.html").read_text()
+    for s in report["stages"]:
+        assert f"| {s['name']} |" in md and s["name"] in page
+    assert "<svg" in page
+
+
+def test_resume_skips_completed_stages(tmp_path):
+    raw = tiny_recipe(stages=tiny_recipe()["stages"][:4])
+    run_pipeline(validate_recipe(raw), tmp_path)
+
+    def stamp(name):
+        return (tmp_path / "stages" / name / "metrics.json").stat().st_mtime_ns
+
+    before = {n: stamp(n) for n in ("0-init", "1-baseline", "2-prune", "3-distill")}
+    (tmp_path / "stages/4-export/metrics.json").unlink()  # as if killed during export
+    report = run_pipeline(validate_recipe(raw), tmp_path)
+    assert {n: stamp(n) for n in before} == before
+    assert (tmp_path / "stages/4-export/metrics.json").is_file()
+    assert [s["name"] for s in report["stages"]] == ["baseline", "prune", "distill", "export"]
+
+
+def test_changed_stage_config_reruns_it_and_later_stages(tmp_path):
+    raw = tiny_recipe(stages=tiny_recipe()["stages"][:3])
+    run_pipeline(validate_recipe(raw), tmp_path)
+    t_base = (tmp_path / "stages/1-baseline/metrics.json").stat().st_mtime_ns
+    t_distill = (tmp_path / "stages/3-distill/metrics.json").stat().st_mtime_ns
+    raw["stages"][1]["ratio"] = 0.3
+    report = run_pipeline(validate_recipe(raw), tmp_path)
+    assert (tmp_path / "stages/1-baseline/metrics.json").stat().st_mtime_ns == t_base
+    assert (tmp_path / "stages/3-distill/metrics.json").stat().st_mtime_ns != t_distill
+    assert report["stages"][1]["macs"] > 0
+
+
+def test_killed_run_resumes_after_last_completed_stage(tmp_path):
+    """A real SIGKILL in the middle of the distill stage, then the same command again."""
+    raw = tiny_recipe(stages=tiny_recipe()["stages"][:4])
+    raw["stages"][2]["epochs"] = 30  # long enough to be caught in the middle
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "effvision.cli", "compress", str(recipe), "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (run_dir / "stages/2-prune/metrics.json").exists():
+        assert proc.poll() is None and time.time() < deadline, "pipeline ended before the prune stage completed"
+        time.sleep(0.2)
+    time.sleep(2)  # now inside distill
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "stages/3-distill/metrics.json").exists()
+    stamps = {n: (run_dir / "stages" / n / "metrics.json").stat().st_mtime_ns for n in ("1-baseline", "2-prune")}
+    done = subprocess.run(cmd + ["--set", "stages.distill.epochs=1"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    # distill's config changed (fewer epochs), so the resumed run re-does distill and export only
+    for n, t in stamps.items():
+        assert (run_dir / "stages" / n / "metrics.json").stat().st_mtime_ns == t
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [s["name"] for s in report["stages"]] == ["baseline", "prune", "distill", "export"]
+    assert all(s["accuracy"] is not None for s in report["stages"])
