@@ -128,7 +128,7 @@ class RunContext:
 
         items = [(r["name"], kind, self.run_dir / path) for r in self.records for kind, path in r["artifacts"].items()]
         if targets == "final":
-            items = [i for i in items if i == [j for j in items if j[1] == i[1]][-1]]
+            items = list({kind: (name, kind, path) for name, kind, path in items}.values())  # the last of each kind
         for name, kind, path in items:
             yield name, kind, (load_checkpoint(path) if kind == "model" else path)
 
@@ -175,8 +175,8 @@ def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: 
     run_dir.mkdir(parents=True, exist_ok=True)
     stages = [s for s in recipe.stages if only_types is None or s.type in only_types]
     resolved = recipe_to_dict(recipe)
-    write_text(run_dir / "recipe.yaml", f"# resolved from {getattr(recipe, '_source', '<api>')}\n" + yaml.safe_dump(resolved, sort_keys=False))
-    write_json(run_dir / "env.json", {**collect_env(), "recipe": getattr(recipe, "_source", None)})
+    write_text(run_dir / "recipe.yaml", f"# resolved from {recipe._source or '<api>'}\n" + yaml.safe_dump(resolved, sort_keys=False))
+    write_json(run_dir / "env.json", {**collect_env(), "recipe": recipe._source})
     ctx = RunContext(recipe, run_dir)
     torch.manual_seed(recipe.seed)
 
@@ -206,9 +206,10 @@ def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: 
                   "fingerprint": fingerprint}
         write_json(done, record)
         ctx.adopt(record)
-    for old in (run_dir / "stages").iterdir():
-        if old.is_dir() and old.name not in planned:
-            shutil.rmtree(old)  # a stage the recipe no longer has
+    if only_types is None:  # a partial run (`effvision train`) leaves the other stages alone
+        for old in (run_dir / "stages").iterdir():
+            if old.is_dir() and old.name not in planned:
+                shutil.rmtree(old)  # a stage the recipe no longer has
     return write_report(run_dir)
 
 
@@ -222,7 +223,8 @@ def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
         ctx.model_path = sdir / "model.pt"
         return False
     if (ctx.run_dir / "stages").exists():
-        shutil.rmtree(ctx.run_dir / "stages")  # data or model changed: nothing earlier is valid
+        log("[yellow]data, model or seed changed since this run folder was written: starting it afresh[/]")
+        shutil.rmtree(ctx.run_dir / "stages")  # nothing earlier is valid
     model = ctx.initial_model()
     ctx.model_path = save_checkpoint(model, sdir / "model.pt")
     ctx._model = model

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from .errors import EffvisionError
 from .registry import STAGES
@@ -57,10 +57,8 @@ class Recipe(Strict):
     device: str = Field("auto", description="auto, cpu or cuda")
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig
-    stages: list[Any] = Field(default_factory=list)
-
-    def stage_configs(self) -> list[StageConfig]:
-        return self.stages
+    stages: list[Any] = Field(default_factory=list)  # each becomes its type's StageConfig in validate_recipe
+    _source: Optional[str] = PrivateAttr(None)  # the file it came from, for run folders and errors
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -70,7 +68,10 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     key, value = item.split("=", 1)
     if not key.strip():
         raise RecipeError(f"--set {item!r}: empty key")
-    return key.strip().split("."), yaml.safe_load(value) if value != "" else None
+    try:
+        return key.strip().split("."), yaml.safe_load(value) if value != "" else None
+    except yaml.YAMLError:
+        raise RecipeError(f"--set {item!r}: the value is not valid YAML (quote it)") from None
 
 
 def apply_overrides(raw: dict, sets: list[str]) -> dict:

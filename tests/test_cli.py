@@ -1,9 +1,7 @@
 """The command line: exit codes, one-line errors (no tracebacks), and the main commands."""
 import json
-import os
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 
@@ -147,6 +145,8 @@ def test_train_then_compress_resumes_and_report(tmp_path, capsys):
     assert code == 0, err
     assert (run_dir / "stages/1-baseline/metrics.json").stat().st_mtime_ns == stamp
     assert "report:" in out and "prune" in out
+    code, out, err = run(capsys, "train", path, "--run-dir", str(run_dir))  # a partial run keeps later stages
+    assert code == 0 and (run_dir / "stages/2-prune/metrics.json").is_file(), err
     code, out, _ = run(capsys, "report", str(run_dir))
     assert code == 0 and "baseline" in out
     code, _, err = run(capsys, "report", str(tmp_path))

@@ -9,7 +9,7 @@ from effvision.data.images import ImageFolderDataset
 from effvision.data.inspect import inspect_path
 from effvision.errors import EffvisionError
 from effvision.recipe import DataConfig
-from conftest import SHARED, needs_shared, write_image_folder, zip_folder
+from conftest import SHARED, needs_shared, zip_folder
 
 
 def test_digits_is_the_real_sklearn_set_with_a_fixed_stratified_split():

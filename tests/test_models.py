@@ -6,7 +6,7 @@ from effvision.compress import prune
 from effvision.deploy import export_onnx
 from effvision.deploy.runtime import onnx_predictor
 from effvision.errors import EffvisionError
-from effvision.models import count_macs, count_params, create_model, list_models, load_checkpoint, load_pretrained, save_checkpoint
+from effvision.models import count_macs, count_params, create_model, list_models, load_checkpoint, save_checkpoint
 from effvision.models.zoo import list_cards
 from effvision.registry import MODELS
 

@@ -1,11 +1,9 @@
 """The stage runner end to end on a tiny recipe: report fields, measured artifacts, resume."""
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import onnx
 import pytest

@@ -6,7 +6,6 @@ from typing import Literal, Optional, Union
 
 from pydantic import Field
 
-from ..errors import EffvisionError
 from ..recipe import StageConfig
 from ..stage import StageResult, register_stage
 from ..train.config import TrainSettings

@@ -1,4 +1,5 @@
 """Deployment: export (ONNX), evaluation of the exported artifact, the benchmark harness."""
+import os
 from .bench import benchmark
 from .onnx_export import export_onnx, parity
 from .runtime import onnx_predictor, ort_session
@@ -10,7 +11,8 @@ def evaluate(artifact, loader) -> float:
     """Top-1 of a torch model or an ONNX file over a loader."""
     from ..evaluate import accuracy, torch_predictor
 
-    return accuracy(onnx_predictor(artifact) if isinstance(artifact, (str, bytes)) or hasattr(artifact, "suffix") else torch_predictor(artifact), loader)
+    is_file = isinstance(artifact, (str, os.PathLike))
+    return accuracy(onnx_predictor(artifact) if is_file else torch_predictor(artifact), loader)
 
 
 __all__ = ["benchmark", "export", "export_onnx", "parity", "evaluate", "onnx_predictor", "ort_session"]

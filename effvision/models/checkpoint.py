@@ -4,7 +4,6 @@ Loaded with torch.load(weights_only=True): no pickled Python objects from a user
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import torch

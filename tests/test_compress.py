@@ -1,0 +1,52 @@
+"""Quantization on a small trained model: every calibration method gives a faithful int8 QDQ file."""
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from effvision.compress import quantize_onnx
+from effvision.compress.quantize import cpu_has_vnni
+from effvision.data import load_dataset
+from effvision.deploy import export_onnx
+from effvision.deploy.runtime import onnx_predictor
+from effvision.errors import EffvisionError
+from effvision.models import create_model
+from effvision.recipe import DataConfig
+from effvision.train import TrainSettings, fit
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    data = load_dataset(DataConfig(name="digits", max_train_samples=400, max_val_samples=120, batch_size=32))
+    model = create_model("cifar_resnet8", width=0.5)
+    fit(model, data, TrainSettings(epochs=4, optimizer="adamw", lr=3e-3), torch.device("cpu"))
+    path = export_onnx(model, tmp_path_factory.mktemp("q") / "fp32.onnx")
+    return data, path
+
+
+def _predictions(path, loader):
+    predict = onnx_predictor(path)
+    return np.concatenate([predict(x).argmax(1) for x, _ in loader])
+
+
+@pytest.mark.parametrize("method", ["minmax", "percentile", "entropy"])
+def test_calibration_methods(trained, method, tmp_path):
+    data, fp32 = trained
+    out = quantize_onnx(fp32, tmp_path / "int8.onnx", data.calibration_loader(64, batch_size=16), method=method)
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+    agree = (_predictions(out, data.val_loader()) == _predictions(fp32, data.val_loader())).mean()
+    assert agree >= 0.85, f"{method}: int8 agrees with fp32 on only {agree:.2f} of samples"
+
+
+def test_reduce_range_choice_is_boolean_and_explicit_values_work(trained, tmp_path):
+    data, fp32 = trained
+    assert isinstance(cpu_has_vnni(), bool)
+    for rr in (True, False):
+        assert quantize_onnx(fp32, tmp_path / f"q{rr}.onnx", data.calibration_loader(32), reduce_range=rr).is_file()
+
+
+def test_unknown_calibration_method(trained, tmp_path):
+    data, fp32 = trained
+    with pytest.raises(EffvisionError, match="unknown calibration method"):
+        quantize_onnx(fp32, tmp_path / "x.onnx", data.calibration_loader(8), method="kl")
