@@ -35,6 +35,11 @@ def test_stratified_subset():
     assert len(b.train) == 100 and len(b.val) == 50 and set(b.train.targets) == set(range(10))
 
 
+def test_subset_smaller_than_the_class_count():
+    b = load_dataset("digits")
+    assert len(b.calibration_loader(4).dataset) == 4
+
+
 def test_imagefolder_from_folder_and_zip(image_root, tmp_path):
     folder = ImageFolderDataset(image_root / "train")
     assert folder.classes == ["cat", "dog"] and len(folder) == 12

@@ -30,7 +30,8 @@ def stratified_subset(ds: Dataset, n: int | None, seed: int = 0) -> Dataset:
         return ds
     from sklearn.model_selection import train_test_split
 
-    idx, _ = train_test_split(list(range(len(ds))), train_size=n, stratify=ds.targets, random_state=seed)
+    stratify = ds.targets if n >= len(set(ds.targets)) else None  # fewer samples than classes: plain random
+    idx, _ = train_test_split(list(range(len(ds))), train_size=n, stratify=stratify, random_state=seed)
     return Subset(ds, sorted(idx))
 
 
