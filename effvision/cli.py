@@ -165,9 +165,7 @@ def export(model: str = typer.Argument(..., help="An effvision checkpoint (model
 
     from .compress.quantize import quantize_onnx
     from .data import load_dataset
-    from .deploy import export_onnx, parity
-    from .deploy.runtime import onnx_predictor
-    from .evaluate import accuracy
+    from .deploy import evaluate, export_onnx, parity
     from .recipe import DataConfig
 
     if format != "onnx":
@@ -187,7 +185,7 @@ def export(model: str = typer.Argument(..., help="An effvision checkpoint (model
             fp32 = export_onnx(net, Path(tmp) / "fp32.onnx")
             quantize_onnx(fp32, out_file, bundle.calibration_loader(calibration_samples))
     check = parity(net, out_file, bundle.val_loader())
-    acc = accuracy(onnx_predictor(out_file), bundle.val_loader())
+    acc = evaluate(out_file, bundle.val_loader())
     summary = {"out": str(out_file), "precision": precision, "size_bytes": out_file.stat().st_size, "accuracy": acc, **check}
     from .fileio import write_json
 

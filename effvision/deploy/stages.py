@@ -48,9 +48,10 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
     """Latency p50/p90/p99 and throughput of the stages' artifacts, warm-up and repeats."""
     for b in cfg.backends:
         BACKENDS.get(b)
-    import torch
+    if cfg.threads:
+        import torch
 
-    torch.set_num_threads(cfg.threads or torch.get_num_threads())
+        torch.set_num_threads(cfg.threads)
     measurements = []
     for stage, kind, artifact in ctx.artifacts_to_bench(cfg.targets):
         backend = "torch-eager" if kind == "model" else "onnxruntime-cpu"
