@@ -206,10 +206,12 @@ def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: 
                   "fingerprint": fingerprint}
         write_json(done, record)
         ctx.adopt(record)
-    if only_types is None:  # a partial run (`effvision train`) leaves the other stages alone
+    # Stages outside this plan are stale when the recipe dropped them or an earlier stage re-ran;
+    # a partial run (`effvision train`) that re-ran nothing leaves the later stages alone.
+    if only_types is None or fresh:
         for old in (run_dir / "stages").iterdir():
             if old.is_dir() and old.name not in planned:
-                shutil.rmtree(old)  # a stage the recipe no longer has
+                shutil.rmtree(old)
     return write_report(run_dir)
 
 
