@@ -20,14 +20,13 @@ class StageResult:
 class Stage:
     config: type[StageConfig]
     run: Callable[[Any, StageConfig], StageResult]
-    help: str = ""
 
 
 def register_stage(name: str, config: type[StageConfig]) -> Callable:
     """Decorator: register a stage handler with its config class in STAGES."""
 
     def add(fn: Callable) -> Callable:
-        STAGES.register(name, Stage(config=config, run=fn, help=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""))
+        STAGES.register(name, Stage(config=config, run=fn))
         return fn
 
     return add

@@ -5,7 +5,6 @@ Time-to-accuracy (DAWNBench's metric) is the training wall-clock, evaluation pas
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -139,7 +138,3 @@ def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: in
     result.train_s = result.wall_s - eval_s
     model.to(memory_format=torch.contiguous_format).eval()
     return result
-
-
-def clone_model(model: nn.Module) -> nn.Module:
-    return copy.deepcopy(model)
