@@ -157,7 +157,7 @@ def export(model: str = typer.Argument(..., help="An effvision checkpoint (model
            format: str = typer.Option("onnx", "--format", help="onnx (executorch: not yet)"),
            precision: str = typer.Option("fp32", help="fp32, or int8 (static, calibrated on --data)"),
            out_file: Optional[Path] = typer.Option(None, "--out", help="Output file (default model.onnx)."),
-           data: str = typer.Option("digits", help="Dataset card for parity and int8 calibration."),
+           data: Optional[str] = typer.Option(None, help="Dataset card for parity and int8 calibration (default: the one the checkpoint was trained on, else digits)."),
            data_root: Optional[str] = typer.Option(None, help="data.root for that dataset."),
            calibration_samples: int = typer.Option(256, help="Samples for int8 calibration.")):
     """Export a model to ONNX (one file, dynamic batch), verified against PyTorch."""
@@ -173,7 +173,10 @@ def export(model: str = typer.Argument(..., help="An effvision checkpoint (model
     if precision not in ("fp32", "int8"):
         raise EffvisionError(f"precision '{precision}' is not supported for export (choices: fp32, int8)")
     net = _load_model(model, None)
-    bundle = load_dataset(DataConfig(name=data, root=data_root))
+    trained_on = net.effvision_spec.get("data") or {}
+    if data is None and trained_on:
+        data, data_root = trained_on["name"], data_root or trained_on.get("root")
+    bundle = load_dataset(DataConfig(name=data or "digits", root=data_root, image_size=trained_on.get("image_size") if data == trained_on.get("name") else None))
     if list(bundle.input_size) != list(net.effvision_spec["input_size"]) or bundle.num_classes != net.effvision_spec["num_classes"]:
         raise EffvisionError(f"--data {data} ({bundle.num_classes} classes, input {bundle.input_size}) does not fit the model "
                              f"({net.effvision_spec['num_classes']} classes, input {net.effvision_spec['input_size']}); pass --data")

@@ -76,8 +76,11 @@ class RunContext:
     def initial_model(self) -> torch.nn.Module:
         from .models import create_model
 
-        m = self.recipe.model
-        return create_model(m.name, num_classes=self.data.num_classes, pretrained=m.pretrained, input_size=self.data.input_size, **m.kwargs)
+        m, d = self.recipe.model, self.recipe.data
+        model = create_model(m.name, num_classes=self.data.num_classes, pretrained=m.pretrained, input_size=self.data.input_size, **m.kwargs)
+        # Saved with every checkpoint, so `effvision export` calibrates on the data the model knows.
+        model.effvision_spec["data"] = {"name": d.name, "root": d.root, "image_size": d.image_size}
+        return model
 
     def rel(self, path: Path) -> str:
         return str(Path(path).relative_to(self.run_dir))

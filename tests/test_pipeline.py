@@ -31,6 +31,9 @@ def test_run_folder_layout(tiny_run):
     assert names == ["0-init", "1-baseline", "2-prune", "3-distill", "4-export", "5-quantize", "6-bench"]
     assert (run_dir / "stages/4-export/model.onnx").is_file() and (run_dir / "stages/5-quantize/model.onnx").is_file()
     assert yaml.safe_load((run_dir / "recipe.yaml").read_text())["stages"][1]["ratio"] == 0.5
+    from effvision.models import load_checkpoint
+
+    assert load_checkpoint(run_dir / "stages/3-distill/model.pt").effvision_spec["data"]["name"] == "digits"
     env = json.loads((run_dir / "env.json").read_text())
     assert env["torch"] and env["onnxruntime"] and env["cpu"]
 
