@@ -28,6 +28,10 @@ def test_model_contract_prune_export_parity(name, tmp_path):
     macs, params = count_macs(model), count_params(model)
     prune(model, 0.5)
     assert count_macs(model) < 0.75 * macs and count_params(model) < params
+    if hasattr(model, "reset_classifier"):  # the contract still holds on the pruned model
+        clone = __import__("copy").deepcopy(model)
+        clone.reset_classifier(3)
+        assert clone(x).shape == (2, 3)
     model.eval()
     path = export_onnx(model, tmp_path / "m.onnx")
     with torch.inference_mode():

@@ -51,12 +51,33 @@ def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning
     per_layer = {m: r for pat, r in (layer_ratios or {}).items() for m in match_layers(model, [pat]).values()}
     pruner = tp.pruner.MetaPruner(model, example, importance=_importance(importance), pruning_ratio=ratio, global_pruning=global_pruning,
                                   pruning_ratio_dict=per_layer or None, ignored_layers=ignored, round_to=round_to, iterative_steps=iterative_steps)
+    widths_before = _head_widths(model)
     for _ in range(iterative_steps):
         if importance == "taylor":
             _accumulate_gradients(model, calib_loader)
         pruner.step()
     model.zero_grad(set_to_none=True)
+    _sync_cached_widths(model, widths_before)
     return model
+
+
+def _head_widths(model: nn.Module) -> list[int | None]:
+    """Channel counts near the head that timm models cache as attributes."""
+    head, conv_head = classifier_of(model), getattr(model, "conv_head", None)
+    return [getattr(head, "in_features", None), getattr(conv_head, "out_channels", None), getattr(conv_head, "in_channels", None)]
+
+
+def _sync_cached_widths(model: nn.Module, before: list[int | None]) -> None:
+    """timm models cache num_features / head_hidden_size and reset_classifier() sizes the new head
+    from them; point each at the pruned width of the layer it described."""
+    after = _head_widths(model)
+    for attr in ("num_features", "head_hidden_size"):
+        if isinstance(getattr(type(model), attr, None), property) or not isinstance(getattr(model, attr, None), int):
+            continue
+        old = getattr(model, attr)
+        match = next((new for was, new in zip(before, after) if was == old and new is not None), None)
+        if match is not None:
+            setattr(model, attr, match)
 
 
 def _accumulate_gradients(model: nn.Module, loader, batches: int = 4) -> None:
