@@ -40,12 +40,6 @@ def _table(title: str, head: list[str], rows: list[list[str]]) -> None:
     out.print(t)
 
 
-def _human(n: float) -> str:
-    from .report import _fmt_num
-
-    return _fmt_num(n)
-
-
 # ----------------------------------------------------------------------------- zoo
 @zoo_app.command("list")
 def zoo_list(modality: Optional[str] = typer.Option(None, help="image, video or points"),
@@ -53,6 +47,7 @@ def zoo_list(modality: Optional[str] = typer.Option(None, help="image, video or 
     """List the zoo's model cards with parameters, MACs and input size (measured by building each)."""
     from .models import build, count_macs, count_params, resolve
     from .models.zoo import list_cards
+    from .report import fmt_num
 
     if modality not in (None, "image", "video", "points"):
         raise EffvisionError(f"unknown modality '{modality}' (choices: image, video, points)")
@@ -65,7 +60,7 @@ def zoo_list(modality: Optional[str] = typer.Option(None, help="image, video or 
         print(json.dumps(rows, indent=2))
         return
     _table("effvision zoo", ["name", "modality", "params", "MACs", "input size", "classes", "dataset"],
-           [[r["name"], r["modality"], _human(r["params"]), _human(r["macs"]), "x".join(map(str, r["input_size"])), str(r["num_classes"]), r["dataset"] or "-"] for r in rows])
+           [[r["name"], r["modality"], fmt_num(r["params"]), fmt_num(r["macs"]), "x".join(map(str, r["input_size"])), str(r["num_classes"]), r["dataset"] or "-"] for r in rows])
 
 
 @zoo_app.command("show")
@@ -173,10 +168,13 @@ def export(model: str = typer.Argument(..., help="An effvision checkpoint (model
     if precision not in ("fp32", "int8"):
         raise EffvisionError(f"precision '{precision}' is not supported for export (choices: fp32, int8)")
     net = _load_model(model, None)
-    trained_on = net.effvision_spec.get("data") or {}
-    if data is None and trained_on:
-        data, data_root = trained_on["name"], data_root or trained_on.get("root")
-    bundle = load_dataset(DataConfig(name=data or "digits", root=data_root, image_size=trained_on.get("image_size") if data == trained_on.get("name") else None))
+    trained_on = net.effvision_spec.get("data")
+    if data is None and trained_on:  # default: the data the checkpoint was trained on
+        data_cfg = DataConfig(name=trained_on["name"], root=data_root or trained_on["root"], image_size=trained_on["image_size"])
+    else:
+        data_cfg = DataConfig(name=data or "digits", root=data_root)
+    data = data_cfg.name
+    bundle = load_dataset(data_cfg)
     if list(bundle.input_size) != list(net.effvision_spec["input_size"]) or bundle.num_classes != net.effvision_spec["num_classes"]:
         raise EffvisionError(f"--data {data} ({bundle.num_classes} classes, input {bundle.input_size}) does not fit the model "
                              f"({net.effvision_spec['num_classes']} classes, input {net.effvision_spec['input_size']}); pass --data")

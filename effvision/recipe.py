@@ -187,6 +187,18 @@ def validate_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
     return recipe
 
 
+def load_card(path: Path, cls: type[BaseModel], default_name: str) -> BaseModel:
+    """A declarative YAML card (model or dataset) validated like a recipe, errors naming the file."""
+    raw = read_yaml(path) or {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: a card must be a YAML mapping")
+    raw.setdefault("name", default_name)
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        raise RecipeError(_format_errors(exc, cls, "", str(path))) from None
+
+
 def read_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())

@@ -50,7 +50,7 @@ def build_report(run_dir: str | Path) -> dict:
             "env": {k: env.get(k) for k in ("torch", "torchvision", "timm", "onnx", "onnxruntime", "torch_pruning", "python", "cpu", "cpu_count", "gpu", "git_sha")}}
 
 
-def _fmt_num(n) -> str:
+def fmt_num(n) -> str:
     if n is None:
         return "-"
     for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -77,7 +77,7 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     for i, s in enumerate(report["stages"], 1):
         lat, tp = s.get("latency_ms"), s.get("throughput")
-        rows.append([str(i), s["name"], s["type"], _fmt_num(s.get("params")), _fmt_num(s.get("macs")), _fmt_bytes(s.get("size_bytes")),
+        rows.append([str(i), s["name"], s["type"], fmt_num(s.get("params")), fmt_num(s.get("macs")), _fmt_bytes(s.get("size_bytes")),
                      f"{s['accuracy']:.4f}" if s.get("accuracy") is not None else "-", s.get("evaluated_with") or "-",
                      f"{lat['p50']:.3f} {_SHORT.get(lat['backend'], lat['backend'])}" if lat else "-", f"{tp['samples_per_s']:.0f} (b={tp['batch']})" if tp else "-",
                      f"{s.get('wall_s', 0):.1f}", f"{s['time_to_accuracy_s']:.1f}" if s.get("time_to_accuracy_s") is not None else "-"])

@@ -38,6 +38,10 @@ def cpu_has_vnni() -> bool:
     return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
+def resolve_reduce_range(value: bool | str) -> bool:
+    return (not cpu_has_vnni()) if value == "auto" else bool(value)
+
+
 def quantize_onnx(src: str | Path, dst: str | Path, calib_loader, method: str = "minmax", per_channel: bool = True,
                   exclude: list[str] | None = None, reduce_range: bool | str = "auto") -> Path:
     """Without VNNI, ONNX Runtime's U8S8 kernels can saturate 16-bit intermediate sums; 7-bit
@@ -49,8 +53,7 @@ def quantize_onnx(src: str | Path, dst: str | Path, calib_loader, method: str = 
 
     if method not in CALIBRATION:
         raise EffvisionError(f"unknown calibration method '{method}' (choices: {', '.join(CALIBRATION)})")
-    if reduce_range == "auto":
-        reduce_range = not cpu_has_vnni()
+    reduce_range = resolve_reduce_range(reduce_range)
     input_name = ort_session(src).get_inputs()[0].name
     with tempfile.TemporaryDirectory() as tmp:
         pre = Path(tmp) / "pre.onnx"
@@ -60,7 +63,7 @@ def quantize_onnx(src: str | Path, dst: str | Path, calib_loader, method: str = 
 
             def write(out: Path) -> None:
                 quantize_static(str(pre), str(out), _Reader(calib_loader, input_name), quant_format=QuantFormat.QDQ,
-                                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel, reduce_range=bool(reduce_range),
+                                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel, reduce_range=reduce_range,
                                 calibrate_method=getattr(CalibrationMethod, CALIBRATION[method]),
                                 nodes_to_exclude=exclude or [], extra_options={"CalibTensorRangeSymmetric": False})
 

@@ -11,7 +11,7 @@ from ..stage import StageResult, register_stage
 from ..train.config import TrainSettings
 from ..train.loop import fit
 from .prune import prune
-from .quantize import cpu_has_vnni, quantize_onnx
+from .quantize import quantize_onnx, resolve_reduce_range
 
 
 class PruneConfig(StageConfig):
@@ -70,7 +70,7 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
         from ..deploy.onnx_export import export_onnx
 
         src = export_onnx(ctx.model, ctx.stage_dir / "fp32.onnx")
-    reduce_range = (not cpu_has_vnni()) if cfg.reduce_range == "auto" else cfg.reduce_range
+    reduce_range = resolve_reduce_range(cfg.reduce_range)
     out = quantize_onnx(src, ctx.stage_dir / "model.onnx", ctx.data.calibration_loader(cfg.calibration_samples, seed=ctx.seed),
                         cfg.method, cfg.per_channel, cfg.exclude, reduce_range)
     return ctx.onnx_result(out, extra={"calibration_samples": cfg.calibration_samples, "method": cfg.method, "reduce_range": reduce_range,

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from ..errors import EffvisionError
 from ..paths import card_files
-from ..recipe import Strict, _format_errors, read_yaml
+from ..recipe import Strict, load_card
 from ..registry import DATASETS, suggest
 
 
@@ -30,12 +30,7 @@ class DatasetCard(Strict):
 def get_card(name: str) -> DatasetCard:
     files = card_files("data")
     if name in files:
-        raw = read_yaml(files[name]) or {}
-        raw.setdefault("name", name)
-        try:
-            return DatasetCard.model_validate(raw)
-        except ValidationError as exc:
-            raise EffvisionError(_format_errors(exc, DatasetCard, "", str(files[name]))) from None
+        return load_card(files[name], DatasetCard, name)
     if name in DATASETS:  # a registered reader needs no card
         return DatasetCard(name=name, source=name)
     raise EffvisionError(suggest(name, sorted(set(files) | set(DATASETS.names())), "dataset"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import EffvisionError
-from .images import FileSource, decode_image, is_image
+from .images import IMAGE_EXTS, FileSource, decode_image, is_image
 
 
 def _status(path: str, kind=None, shape=None, error=None) -> dict:
@@ -14,7 +14,7 @@ def _status(path: str, kind=None, shape=None, error=None) -> dict:
 def inspect_one(source: FileSource, name: str) -> dict:
     where = source.where(name)
     if not is_image(name):
-        return _status(where, error="unsupported file type (images: " + ", ".join(sorted(e[1:] for e in (".jpg", ".jpeg", ".png", ".bmp", ".webp"))) + ", ...)")
+        return _status(where, error=f"unsupported file type (images: {', '.join(sorted(e[1:] for e in IMAGE_EXTS))})")
     try:
         img = decode_image(source.read(name))
     except Exception as exc:  # noqa: BLE001

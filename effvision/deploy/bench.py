@@ -42,16 +42,14 @@ def backend_for(artifact) -> str:
     return "torch-eager" if isinstance(artifact, nn.Module) else "onnxruntime-cpu"
 
 
-def measure(run: Callable[[np.ndarray], object], shape: list[int], batch: int, warmup: int = 10, repeats: int = 50,
-            min_time_s: float = 0.0) -> dict:
-    """Time run() on a fixed random batch: warm-up first, then `repeats` timed calls (more while
-    under min_time_s); latency percentiles in ms and throughput from the median."""
+def measure(run: Callable[[np.ndarray], object], shape: list[int], batch: int, warmup: int = 10, repeats: int = 50) -> dict:
+    """Time run() on a fixed random batch: warm-up first, then `repeats` timed calls; latency
+    percentiles in ms and throughput from the median."""
     x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
     for _ in range(warmup):
         run(x)
     times = []
-    start = time.perf_counter()
-    while len(times) < repeats or time.perf_counter() - start < min_time_s:
+    for _ in range(repeats):
         t = time.perf_counter()
         run(x)
         times.append((time.perf_counter() - t) * 1e3)
@@ -66,4 +64,4 @@ def benchmark(artifact, shape: list[int], backend: str | None = None, batches: t
     """Benchmark one model or ONNX file on one backend over several batch sizes."""
     backend = backend or backend_for(artifact)
     run = BACKENDS.get(backend)(artifact, threads=threads)
-    return [{"backend": backend, **measure(run, shape, b, warmup=warmup, repeats=max(5, repeats // max(1, b // 8)))} for b in batches]
+    return [{"backend": backend, **measure(run, shape, b, warmup=warmup, repeats=repeats)} for b in batches]

@@ -27,10 +27,8 @@ def ort_session(path: str | Path, threads: int | None = None, providers: list[st
 
 def run_session(session, x: torch.Tensor | np.ndarray) -> np.ndarray:
     arr = x.numpy() if isinstance(x, torch.Tensor) else x
-    inp = session.get_inputs()[0]
-    if inp.type == "tensor(float16)":
-        arr = arr.astype(np.float16)
-    return np.asarray(session.run(None, {inp.name: np.ascontiguousarray(arr)})[0], dtype=np.float32)
+    name = session.get_inputs()[0].name
+    return np.asarray(session.run(None, {name: np.ascontiguousarray(arr)})[0], dtype=np.float32)
 
 
 def onnx_predictor(path: str | Path):

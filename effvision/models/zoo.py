@@ -4,11 +4,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Literal, Optional
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from ..errors import EffvisionError
 from ..paths import card_files
-from ..recipe import Strict, read_yaml
+from ..recipe import Strict, load_card
 
 
 class ModelCard(Strict):
@@ -28,14 +27,7 @@ class ModelCard(Strict):
 def _cards() -> dict[str, ModelCard]:
     cards = {}
     for stem, path in card_files("models").items():
-        raw = read_yaml(path) or {}
-        raw.setdefault("name", stem)
-        try:
-            card = ModelCard.model_validate(raw)
-        except ValidationError as exc:
-            from ..recipe import _format_errors
-
-            raise EffvisionError(_format_errors(exc, ModelCard, "", str(path))) from None
+        card = load_card(path, ModelCard, stem)
         cards[card.name] = card
     return cards
 
