@@ -9,17 +9,20 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo test bench sysdeps clean help
+.PHONY: install demo test bench bench-cpu gpu-bench gpu-wheels sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
 	@echo "make test   - install into $(VENV) (if needed) and run the test suite"
 	@echo "make bench  - slow tests and the CIFAR-10 pipeline on ../shared/datasets"
+	@echo "make bench-cpu   - the CPU deployment benchmark (BENCHMARKS.md), about 30 min on 2 cores"
+	@echo "make gpu-bench   - the GPU deployment benchmark on one CUDA GPU, under 8 min (--out: \$$OUT or runs/bench-gpu)"
+	@echo "make gpu-wheels  - fetch the wheels gpu-bench installs on a machine without a package registry"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing effvision and its pinned dependencies into $(VENV) ..."
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | $(PIP_FILTER)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,edge]' 2>&1 | $(PIP_FILTER)
 	@$(BIN)/python -c "import effvision, torch, onnxruntime, torch_pruning, timm" 
 	@touch $(STAMP)
 
@@ -43,6 +46,33 @@ test: $(STAMP) sysdeps
 bench: $(STAMP)
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m slow
 	$(BIN)/effvision compress compress/cifar10.yaml --set data.root=../shared/datasets --run-dir runs/cifar10
+
+# The CPU deployment table. Trained weights come from compress/resnet18_cifar10.yaml (run first
+# when missing); the shared real images calibrate int8 and check every export's agreement.
+R18_RUN := runs/resnet18_cifar10
+bench-cpu: $(STAMP)
+	@test -f $(R18_RUN)/stages/1-baseline/model.pt || $(BIN)/effvision compress compress/resnet18_cifar10.yaml --set data.root=../shared/datasets --run-dir $(R18_RUN)
+	EFFVISION_QUIET=1 $(BIN)/python -m effvision.deploy.suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test \
+	  --weights resnet18=$(R18_RUN)/stages/1-baseline/model.pt
+
+# The GPU deployment benchmark, for a machine with one CUDA GPU whose own python3 already has
+# torch, torchvision, timm, onnx and onnxruntime but no package registry: what it lacks installs
+# from .whl/ (fetched here by `make gpu-wheels`). A pruned + distilled checkpoint from a pipeline
+# run is used when present (VARIANT=path); otherwise that row is the pruned structure, untrained.
+GPU_PYTHON ?= python3
+GPU_SITE ?= /tmp/effvision-gpu-site
+VARIANT ?= $(wildcard $(R18_RUN)/stages/3-distill/model.pt)
+GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 torch-pruning==1.6.1 torchao==0.18.0
+gpu-bench:
+	@if ls .whl/*.whl >/dev/null 2>&1; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(GPU_PYTHON) -m effvision.deploy.suite gpu --budget 360 \
+	  $(if $(VARIANT),--weights resnet18-pruned-distilled=$(VARIANT)) $(if $(OUT),--out $(OUT))
+
+gpu-wheels:
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS) 2>&1 | $(PIP_FILTER)
+	@ls .whl
 
 clean:
 	rm -rf runs .pytest_cache

@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from .errors import EffvisionError
+from .device import resolve_device
 from .fileio import read_json, write_json, write_text
 from .progress import log
 from .recipe import Recipe, recipe_to_dict
@@ -20,14 +21,6 @@ from .registry import STAGES
 from .stage import StageResult
 
 INIT_DIR = "0-init"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise EffvisionError(f"device '{name}' requested but no CUDA GPU is available (use device: auto or cpu)")
-    return torch.device(name)
 
 
 def _hash(*parts: Any) -> str:
@@ -106,24 +99,31 @@ class RunContext:
                    "time_to_accuracy_s": time_to_accuracy_s, **(extra or {})}
         return StageResult(metrics, {"model": path.name})
 
-    def onnx_result(self, path: Path, extra: dict | None = None) -> StageResult:
-        """Measure an ONNX artifact by running it in ONNX Runtime; make it the current artifact."""
-        from .deploy.runtime import onnx_predictor
-        from .evaluate import accuracy as top1
+    def artifact_result(self, path: Path, extra: dict | None = None) -> StageResult:
+        """Measure an exported artifact by running it in its runtime (ONNX Runtime for .onnx,
+        ExecuTorch for .pte); an ONNX file becomes the current artifact for later stages."""
+        from .deploy import evaluate
 
-        acc = top1(onnx_predictor(path), self.data.val_loader())
-        self.onnx = Path(path)
-        metrics = {**self._size(self.model), "size_bytes": Path(path).stat().st_size, "accuracy": acc, "evaluated_with": "onnxruntime",
+        path = Path(path)
+        kind, runtime = ("pte", "executorch") if path.suffix == ".pte" else ("onnx", "onnxruntime")
+        acc = evaluate(path, self.data.val_loader())
+        if kind == "onnx":
+            self.onnx = path
+        metrics = {**self._size(self.model), "size_bytes": path.stat().st_size, "accuracy": acc, "evaluated_with": runtime,
                    "time_to_accuracy_s": None, **(extra or {})}
-        return StageResult(metrics, {"onnx": Path(path).name})
+        return StageResult(metrics, {kind: path.name})
 
-    def bench_result(self, measurements: list[dict], batch: int, throughput_batch: int) -> StageResult:
-        """The bench row describes the artifact that ships (the last ONNX, else the last model)."""
-        final = next((r for r in reversed(self.records) if "onnx" in r["artifacts"]), None) or self.records[-1]
+    def bench_result(self, measurements: list[dict], extra: dict | None = None) -> StageResult:
+        """The bench row describes the artifact that ships (the last exported file, else the last model)."""
+        final = next((r for r in reversed(self.records) if {"onnx", "pte"} & set(r["artifacts"])), None) or self.records[-1]
         keep = ("params", "macs", "size_bytes", "accuracy", "evaluated_with")
         metrics = {k: final.get(k) for k in keep}
-        metrics.update(artifact_of=final["name"], time_to_accuracy_s=None, measurements=measurements)
+        metrics.update(artifact_of=final["name"], time_to_accuracy_s=None, measurements=measurements, **(extra or {}))
         return StageResult(metrics, {})
+
+    @property
+    def records_by_name(self) -> dict[str, dict]:
+        return {r["name"]: r for r in self.records}
 
     def artifacts_to_bench(self, targets: str):
         """(stage name, kind, artifact) for every stage artifact, or only the last of each kind."""

@@ -1,7 +1,9 @@
 """report.json / report.md / report.html of a run folder, built from the stages' metrics.json."""
 from __future__ import annotations
 
+import base64
 import html
+import io
 from pathlib import Path
 
 from .errors import EffvisionError
@@ -24,15 +26,17 @@ def build_report(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     if not (run_dir / "env.json").is_file():
         raise EffvisionError(f"{run_dir} is not a run folder (no env.json); run `effvision compress RECIPE --run-dir {run_dir}` first")
-    records = [read_json(d / "metrics.json") for d in _stage_dirs(run_dir)]
+    dirs = _stage_dirs(run_dir)
+    records = [read_json(d / "metrics.json") for d in dirs]
     env = read_json(run_dir / "env.json")
     benches = [r for r in records if r["type"] == "bench"]
     measurements = [m for r in benches for m in r.get("measurements", [])]
     lat_batch = min((m["batch"] for m in measurements), default=1)
     tp_batch = max((m["batch"] for m in measurements), default=1)
     stages, artifacts = [], {}
-    for r in records:
+    for d, r in zip(dirs, records):
         row = {k: v for k, v in r.items() if k not in _INTERNAL}
+        row["stage_dir"] = d.name
         row.setdefault("time_to_accuracy_s", None)
         subject = r.get("artifact_of", r["name"])
         lat, tp = _pick(measurements, subject, lat_batch), _pick(measurements, subject, tp_batch)
@@ -94,8 +98,14 @@ def to_markdown(report: dict) -> str:
     out += ["| " + " | ".join(r) + " |" for r in rows]
     bench = [s for s in report["stages"] if s["type"] == "bench"]
     if bench and bench[-1].get("all_measurements"):
-        out += ["", "## Benchmark (every artifact)", "", "| stage | backend | batch | p50 ms | p90 ms | p99 ms | samples/s |", "|---|---|---|---|---|---|---|"]
-        out += [f"| {m['stage']} | {m['backend']} | {m['batch']} | {m['p50']:.3f} | {m['p90']:.3f} | {m['p99']:.3f} | {m['samples_per_s']:.0f} |" for m in bench[-1]["all_measurements"]]
+        from .deploy.results import markdown_table
+
+        out += ["", "## Benchmark (every artifact)", "", markdown_table(bench[-1]["all_measurements"])]
+        out += [f"![latency and throughput against batch size](stages/{bench[-1]['stage_dir']}/{p})" for p in bench[-1].get("plots") or []]
+        rf = bench[-1].get("roofline")
+        if rf:
+            peaks = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in rf["matmul_flops_per_s"].items() if v)
+            out += ["", f"Device limits measured in the same run ({rf['device']}): matrix product {peaks}; copy {rf['copy_bytes_per_s'] / 1e9:.1f} GB/s."]
     out += ["", "Accuracy is top-1 on the validation split of the artifact each stage produced; ONNX stages are measured by running the file in ONNX Runtime."]
     out += ["", "Artifacts: " + ", ".join(f"{k}: `{v}`" for k, v in report["artifacts"].items())]
     e = report["env"]
@@ -117,6 +127,72 @@ def _bars(title: str, items: list[tuple[str, float]], fmt: str) -> str:
     return "".join(parts) + "</svg>"
 
 
+def pareto_points(report: dict) -> list[dict]:
+    """Per stage: accuracy, latency p50 at the smallest batch and size on disk, and whether it is
+    on the Pareto front (no other stage is at least as accurate and at least as fast/small)."""
+    pts = [{"name": s["name"], "accuracy": s["accuracy"], "latency": (s.get("latency_ms") or {}).get("p50"), "size": s.get("size_bytes")}
+           for s in report["stages"] if s["type"] != "bench" and s.get("accuracy") is not None]
+    for key in ("latency", "size"):
+        for p in pts:
+            if p[key] is None:
+                p[f"front_{key}"] = False
+                continue
+            p[f"front_{key}"] = not any(q is not p and q[key] is not None and q["accuracy"] >= p["accuracy"] and q[key] <= p[key]
+                                        and (q["accuracy"] > p["accuracy"] or q[key] < p[key]) for q in pts)
+    return pts
+
+
+def pareto_png(report: dict) -> bytes | None:
+    """Accuracy against latency and against size, one point per stage, the front joined."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    pts = pareto_points(report)
+    if not pts:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, xlabel in ((axes[0], "latency", "latency p50 at the smallest batch (ms)"), (axes[1], "size", "size on disk (kB)")):
+        have = [p for p in pts if p[key] is not None]
+        scale = 1 / 1024 if key == "size" else 1
+        for p in have:
+            ax.scatter(p[key] * scale, p["accuracy"], color="#e45756" if p[f"front_{key}"] else "#4c78a8", zorder=3)
+            ax.annotate(p["name"], (p[key] * scale, p["accuracy"]), fontsize=8, xytext=(4, 4), textcoords="offset points")
+        front = sorted((p for p in have if p[f"front_{key}"]), key=lambda p: p[key])
+        if len(front) > 1:
+            ax.plot([p[key] * scale for p in front], [p["accuracy"] for p in front], color="#e45756", alpha=0.6)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("top-1 accuracy")
+        ax.grid(True, alpha=0.3)
+        if not have:
+            ax.text(0.5, 0.5, f"no {key} measured", ha="center", transform=ax.transAxes)
+    fig.suptitle("Pareto front (red): accuracy vs latency and size per stage")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _img(data: bytes | None, alt: str) -> str:
+    return "" if not data else f'<img alt="{html.escape(alt)}" style="max-width:100%" src="data:image/png;base64,{base64.b64encode(data).decode()}"/>'
+
+
+def _bench_plots(report: dict) -> list[bytes]:
+    """The PNG plots the bench stages wrote, read so the page carries them inline."""
+    run_dir = Path(report["run_dir"])
+    found = []
+    for s in report["stages"]:
+        for name in s.get("plots") or []:
+            path = run_dir / "stages" / s["stage_dir"] / name if s.get("stage_dir") else None
+            if path and path.is_file():
+                found.append(path.read_bytes())
+    return found
+
+
 def to_html(report: dict) -> str:
     head, rows = table_rows(report)
     stages = [s for s in report["stages"] if s["type"] != "bench"]
@@ -131,7 +207,9 @@ def to_html(report: dict) -> str:
     style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>effvision report</title><style>{style}</style></head><body>"
             f"<h1>effvision report</h1><p>{html.escape(str(report['recipe']))} &rarr; {html.escape(report['run_dir'])}</p>{table}"
-            + "".join(f"<div>{c}</div>" for c in charts) + "</body></html>\n")
+            + f"<h2>Accuracy against latency and size</h2>{_img(pareto_png(report), 'Pareto plot')}"
+            + "".join(f"<h2>Benchmark</h2>{_img(png, 'latency and throughput against batch size')}" for png in _bench_plots(report))
+            + "<h2>Per stage</h2>" + "".join(f"<div>{c}</div>" for c in charts) + "</body></html>\n")
 
 
 def write_report(run_dir: str | Path) -> dict:

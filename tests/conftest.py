@@ -28,7 +28,7 @@ def tiny_recipe(**over) -> dict:
             {"type": "distill", "epochs": 1},
             {"type": "export"},
             {"type": "quantize", "calibration_samples": 64},
-            {"type": "bench", "warmup": 2, "repeats": 5, "throughput_batch": 8},
+            {"type": "bench", "warmup": 2, "repeats": 5, "batches": [1, 8]},
         ],
     }
     raw.update(over)

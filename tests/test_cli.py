@@ -158,7 +158,7 @@ def test_export_and_bench_commands(tmp_path, capsys):
     onnx_file = tmp_path / "m.onnx"
     code, out, err = run(capsys, "export", str(ckpt), "--format", "onnx", "--out", str(onnx_file))
     assert code == 0, err
-    summary = json.loads((tmp_path / "m.parity.json").read_text())
+    summary = json.loads((tmp_path / "m.onnx.parity.json").read_text())
     assert summary["max_abs_diff"] < 1e-3 and summary["top1_agreement"] == 1.0
     code, out, err = run(capsys, "export", str(ckpt), "--precision", "int8", "--out", str(tmp_path / "q.onnx"), "--calibration-samples", "32")
     assert code == 0, err

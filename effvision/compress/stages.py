@@ -73,5 +73,5 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
     reduce_range = resolve_reduce_range(cfg.reduce_range)
     out = quantize_onnx(src, ctx.stage_dir / "model.onnx", ctx.data.calibration_loader(cfg.calibration_samples, seed=ctx.seed),
                         cfg.method, cfg.per_channel, cfg.exclude, reduce_range)
-    return ctx.onnx_result(out, extra={"calibration_samples": cfg.calibration_samples, "method": cfg.method, "reduce_range": reduce_range,
+    return ctx.artifact_result(out, extra={"calibration_samples": cfg.calibration_samples, "method": cfg.method, "reduce_range": reduce_range,
                                        "fp32_onnx_bytes": Path(src).stat().st_size})

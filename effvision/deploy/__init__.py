@@ -1,18 +1,27 @@
-"""Deployment: export (ONNX), evaluation of the exported artifact, the benchmark harness."""
+"""Deployment: verified exports (ONNX, ExecuTorch), evaluation of exported artifacts and the one
+benchmark harness across backends, precisions, devices and batch sizes."""
 import os
-from .bench import benchmark
-from .onnx_export import export_onnx, parity
+
+from . import backends, exporters  # noqa: F401  (register BACKENDS and EXPORTERS)
+from .bench import bench_model, benchmark
+from .exporters import export_verified, parity
+from .onnx_export import export_onnx
 from .runtime import onnx_predictor, ort_session
 
-export = export_onnx
+export = export_verified
 
 
 def evaluate(artifact, loader) -> float:
-    """Top-1 of a torch model or an ONNX file over a loader."""
+    """Top-1 of a torch model, an ONNX file or an ExecuTorch program over a loader."""
     from ..evaluate import accuracy, torch_predictor
 
-    is_file = isinstance(artifact, (str, os.PathLike))
-    return accuracy(onnx_predictor(artifact) if is_file else torch_predictor(artifact), loader)
+    if not isinstance(artifact, (str, os.PathLike)):
+        return accuracy(torch_predictor(artifact), loader)
+    if str(artifact).endswith(".pte"):
+        from .executorch_export import pte_predictor
+
+        return accuracy(pte_predictor(artifact), loader)
+    return accuracy(onnx_predictor(artifact), loader)
 
 
-__all__ = ["benchmark", "export", "export_onnx", "parity", "evaluate", "onnx_predictor", "ort_session"]
+__all__ = ["bench_model", "benchmark", "export", "export_verified", "export_onnx", "parity", "evaluate", "onnx_predictor", "ort_session"]

@@ -1,67 +1,113 @@
-"""The one benchmark harness: latency p50/p90/p99 and throughput of any backend, with warm-up."""
+"""The one benchmark harness: any backend, precision, device and batch size, with warm-up and
+repeats; latency p50/p90/p99, throughput, peak memory, model FLOPs and the achieved FLOP/s as a
+fraction of the device's measured matrix-multiply peak (see roofline.py)."""
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..registry import BACKENDS
+from ..device import PeakMemory, Timer, resolve_device, synchronize
+from ..errors import EffvisionError
+from .backends import BenchOptions, Loaded, check_pair
+from .roofline import Roofline
 
-
-@BACKENDS.register("torch-eager")
-def torch_eager(artifact, threads: int | None = None) -> Callable[[np.ndarray], object]:
-    """A torch nn.Module run eagerly under inference_mode."""
-    if not isinstance(artifact, nn.Module):
-        raise TypeError("torch-eager benchmarks a torch model, not a file")
-    model = artifact.eval().cpu()
-
-    def run(x: np.ndarray):
-        with torch.inference_mode():
-            return model(torch.from_numpy(x))
-
-    return run
-
-
-@BACKENDS.register("onnxruntime-cpu")
-def onnxruntime_cpu(artifact, threads: int | None = None) -> Callable[[np.ndarray], object]:
-    """An ONNX file run by ONNX Runtime's CPU execution provider."""
-    from .runtime import ort_session
-
-    if not isinstance(artifact, (str, Path)):
-        raise TypeError("onnxruntime-cpu benchmarks an .onnx file")
-    session = ort_session(artifact, threads=threads)
-    name = session.get_inputs()[0].name
-    return lambda x: session.run(None, {name: x})
-
-
-def backend_for(artifact) -> str:
-    return "torch-eager" if isinstance(artifact, nn.Module) else "onnxruntime-cpu"
-
-
-def measure(run: Callable[[np.ndarray], object], shape: list[int], batch: int, warmup: int = 10, repeats: int = 50) -> dict:
-    """Time run() on a fixed random batch: warm-up first, then `repeats` timed calls; latency
-    percentiles in ms and throughput from the median."""
-    x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
+def measure(loaded: Loaded, batch: int, device: torch.device, warmup: int = 10, repeats: int = 50) -> dict:
+    """Time loaded.run on one fixed batch: the first call (compilation, if any) apart, then
+    warm-up, then `repeats` timed calls; percentiles in ms, throughput from the median."""
+    x = loaded.make_input(batch)
+    t = time.perf_counter()
+    loaded.run(x)
+    synchronize(device)
+    first_ms = (time.perf_counter() - t) * 1e3
     for _ in range(warmup):
-        run(x)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        run(x)
-        times.append((time.perf_counter() - t) * 1e3)
-    ms = np.asarray(times)
-    p50 = float(np.percentile(ms, 50))
-    return {"batch": batch, "p50": round(p50, 4), "p90": round(float(np.percentile(ms, 90)), 4),
-            "p99": round(float(np.percentile(ms, 99)), 4), "samples_per_s": round(batch / (p50 / 1e3), 2), "repeats": len(ms)}
+        loaded.run(x)
+    synchronize(device)
+    timer = Timer(device)
+    with PeakMemory(device) as mem:
+        times = np.asarray([timer.time(lambda: loaded.run(x)) for _ in range(repeats)])
+    p50 = float(np.percentile(times, 50))
+    return {"batch": batch, "p50": round(p50, 4), "p90": round(float(np.percentile(times, 90)), 4), "p99": round(float(np.percentile(times, 99)), 4),
+            "samples_per_s": round(batch / (p50 / 1e3), 2), "repeats": repeats, "warmup": warmup, "first_call_ms": round(first_ms, 2),
+            "timer": timer.kind, "peak_memory": mem.result()}
 
 
-def benchmark(artifact, shape: list[int], backend: str | None = None, batches: tuple[int, ...] = (1, 32), warmup: int = 10,
-              repeats: int = 50, threads: int | None = None) -> list[dict]:
-    """Benchmark one model or ONNX file on one backend over several batch sizes."""
-    backend = backend or backend_for(artifact)
-    run = BACKENDS.get(backend)(artifact, threads=threads)
-    return [{"backend": backend, **measure(run, shape, b, warmup=warmup, repeats=repeats)} for b in batches]
+def add_roofline(row: dict, macs: int | None, roofline: Roofline | None) -> dict:
+    """FLOPs per sample (2 x MACs), achieved FLOP/s at the median, and its share of the peak."""
+    if not macs:
+        return row
+    flops = 2 * macs
+    achieved = flops * row["batch"] / (row["p50"] / 1e3)
+    row.update(flops_per_sample=flops, achieved_flops_per_s=achieved)
+    peak = roofline.peak(row["precision"]) if roofline else None
+    if peak:
+        row.update(peak_flops_per_s=peak["flops_per_s"], peak_precision=peak["precision"], fraction_of_peak=achieved / peak["flops_per_s"])
+    return row
+
+
+def benchmark(target, shape: list[int], backend: str | None = None, precision: str = "fp32", batches: Iterable[int] = (1, 32),
+              device: str | torch.device = "auto", channels_last: bool = False, compile_mode: str = "default", warmup: int = 10,
+              repeats: int = 50, threads: int | None = None, macs: int | None = None, roofline: Roofline | None = None,
+              calibration: Iterable[torch.Tensor] = ()) -> list[dict]:
+    """Benchmark one model or artifact file on one backend and precision over several batch sizes."""
+    device = resolve_device(device) if isinstance(device, str) else device
+    backend = backend or default_backend(target)
+    inst = check_pair(backend, precision, device)
+    if inst.takes != "model" and isinstance(target, nn.Module):
+        raise EffvisionError(f"backend '{backend}' runs a {inst.takes} file; use bench_model() to export one first")
+    opts = BenchOptions(device=device, precision=precision, channels_last=channels_last, compile_mode=compile_mode,
+                        threads=threads, calibration=list(calibration))
+    loaded = inst.load(target, shape, opts)
+    rows = []
+    for b in batches:
+        row = {"backend": backend, "precision": precision, "device": str(device), **measure(loaded, b, device, warmup, repeats)}
+        if inst.takes == "model":
+            row.update(channels_last=channels_last, **({"compile_mode": compile_mode} if backend == "torch-compile" else {}))
+        row.update(loaded.notes)
+        rows.append(add_roofline(row, macs, roofline))
+    return rows
+
+
+def default_backend(target) -> str:
+    if isinstance(target, nn.Module):
+        return "torch-eager"
+    suffix = Path(target).suffix
+    return {".onnx": "onnxruntime-cpu", ".pte": "executorch"}.get(suffix) or _unknown_file(target)
+
+
+def _unknown_file(target) -> str:
+    raise EffvisionError(f"cannot benchmark {target}: expected an .onnx or .pte file, an effvision checkpoint or a model name")
+
+
+def batch_groups(takes: str, batches: Iterable[int]) -> list[tuple[int, ...]]:
+    """Batch sizes one loaded target can run: all of them, or one each for fixed-batch .pte files."""
+    batches = tuple(batches)
+    return [(b,) for b in batches] if takes == ".pte" else [batches]
+
+
+def bench_model(model: nn.Module, shape: list[int], pairs: list[tuple[str, str]], batches: Iterable[int] = (1, 32),
+                device: str | torch.device = "auto", calibration=None, workdir: str | Path | None = None, **kw) -> list[dict]:
+    """Benchmark a torch model on (backend, precision) pairs, exporting it first for backends that
+    run files (ONNX, ExecuTorch). `calibration` is a loader of (x, y) for int8 (random inputs
+    when None: fine for speed, not for accuracy)."""
+    from .backends import backend as get_backend
+    from .exporters import export_for_backend
+
+    device = resolve_device(device) if isinstance(device, str) else device
+    for name, precision in pairs:  # fail on a bad pair before any slow work
+        check_pair(name, precision, device)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(workdir or tmp)
+        for name, precision in pairs:
+            takes = get_backend(name).takes
+            for group in batch_groups(takes, batches):
+                target = model if takes == "model" else export_for_backend(model, takes, precision, work, shape, calibration, batch=group[0])[0]
+                calib = (x for x, _ in calibration) if calibration is not None else ()
+                rows += benchmark(target, shape, name, precision, group, device, calibration=calib, **kw)
+    return rows

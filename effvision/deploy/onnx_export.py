@@ -1,19 +1,18 @@
-"""ONNX export (single file, dynamic batch) and its parity check against PyTorch."""
+"""ONNX export (single file, dynamic batch), its fp16 conversion and export-failure messages."""
 from __future__ import annotations
 
 import contextlib
 import io
+import re
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..errors import EffvisionError
 from ..fileio import atomic_write
 from ..models.profile import input_shape
-from .runtime import ort_session, run_session
 
 
 def export_onnx(model: nn.Module, path: str | Path, shape: list[int] | None = None, opset: int | None = None) -> Path:
@@ -35,24 +34,28 @@ def export_onnx(model: nn.Module, path: str | Path, shape: list[int] | None = No
     except EffvisionError:
         raise
     except Exception as exc:  # noqa: BLE001  (exporter failures name the unsupported op)
-        raise EffvisionError(f"ONNX export failed: {str(exc).splitlines()[0]}") from exc
+        raise EffvisionError(f"ONNX export failed: {describe_export_failure(exc)}") from exc
 
 
-def parity(model: nn.Module, onnx_path: str | Path, loader, max_batches: int = 4) -> dict:
-    """Max |torch - onnxruntime| on real validation samples, and how often top-1 agrees."""
-    model = model.eval().cpu()
-    session = ort_session(onnx_path)
-    max_diff, agree, total = 0.0, 0, 0
-    with torch.inference_mode():
-        for i, (x, _) in enumerate(loader):
-            if i >= max_batches:
-                break
-            ref = model(x).float().numpy()
-            out = run_session(session, x)
-            max_diff = max(max_diff, float(np.abs(ref - out).max()))
-            agree += int((ref.argmax(1) == out.argmax(1)).sum())
-            total += len(x)
-    return {"max_abs_diff": max_diff, "top1_agreement": agree / max(total, 1), "samples": total}
+_OP_PATTERNS = (r"No ONNX function found for <OpOverload\(op='([^']+)'", r"target=torch\.ops\.([\w.]+?)(?:\.default)?[,\s)]",
+                r"[Uu]nsupported (?:operator|op|node)[^:]*:\s*'?([\w.:]+)", r"Operator ([\w.:]+) is not supported")
+
+
+def failing_operator(message: str) -> str | None:
+    """The operator an exporter could not translate, read from its error message."""
+    for pattern in _OP_PATTERNS:
+        m = re.search(pattern, message)
+        if m:
+            return m.group(1)
+    return None
+
+
+def describe_export_failure(exc: BaseException) -> str:
+    """One line: the failing operator when the message names one, else the error's first line."""
+    text = str(exc)
+    op = failing_operator(text)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return f"operator '{op}' has no conversion ({type(exc).__name__})" if op else first[:300]
 
 
 def strip_debug_info(path: str | Path) -> Path:
@@ -65,3 +68,15 @@ def strip_debug_info(path: str | Path) -> Path:
         del node.metadata_props[:]
         node.doc_string = ""
     return atomic_write(path, lambda tmp: onnx.save(model, str(tmp)))
+
+
+def onnx_to_fp16(src: str | Path, dst: str | Path) -> Path:
+    """fp16 weights and activations with fp32 inputs/outputs (ONNX Runtime's float16 converter),
+    so callers feed the same arrays as to the fp32 file."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+    return atomic_write(dst, lambda tmp: onnx.save(half, str(tmp)))

@@ -42,3 +42,15 @@ def onnx_input_shape(path: str | Path) -> list[int]:
 
     inp = onnx.load(str(path), load_external_data=False).graph.input[0]
     return [d.dim_value for d in inp.type.tensor_type.shape.dim][1:]
+
+
+def onnx_precision(path: str | Path) -> str:
+    """int8 when the graph holds QDQ pairs, fp16 when its weights are half, else fp32."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "MatMulInteger") for n in graph.node):
+        return "int8"
+    if any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer):
+        return "fp16"
+    return "fp32"

@@ -1,64 +1,113 @@
-"""Deployment stages: export (ONNX with a parity check) and bench (latency/throughput)."""
+"""Deployment stages: export (ONNX or ExecuTorch, any precision, verified against PyTorch) and
+bench (the harness over every artifact of the run, with the device's roofline and plots)."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ..errors import EffvisionError
-from ..recipe import StageConfig
-from ..registry import BACKENDS
+from ..registry import BACKENDS, EXPORTERS
 from ..stage import StageResult, register_stage
+from ..recipe import StageConfig
 from .bench import benchmark
-from .onnx_export import export_onnx, parity
+from .exporters import export_verified
 
 
 class ExportConfig(StageConfig):
     type: Literal["export"] = "export"
-    format: Literal["onnx"] = "onnx"
-    opset: Optional[int] = Field(None, ge=13)
+    format: str = Field("onnx", description="export format: onnx or executorch")
+    precision: Literal["fp32", "fp16", "int8"] = "fp32"
+    calibration_samples: int = Field(256, gt=0, description="training samples that calibrate int8 activations")
     parity_batches: int = Field(4, ge=1, description="validation batches compared against PyTorch")
-    tolerance: float = Field(1e-3, gt=0, description="largest max-abs logit difference accepted")
+    tolerance: float = Field(1e-3, gt=0, description="largest max-abs logit difference accepted for fp32")
+    min_agreement: float = Field(0.9, ge=0, le=1, description="smallest top-1 agreement with PyTorch accepted")
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        EXPORTERS.get(v)
+        return v
 
 
 @register_stage("export", ExportConfig)
 def run_export(ctx, cfg: ExportConfig) -> StageResult:
-    """Export the current model to ONNX (one file, dynamic batch) and verify it against PyTorch."""
-    model = ctx.model
-    path = export_onnx(model, ctx.stage_dir / "model.onnx", opset=cfg.opset)
-    check = parity(model, path, ctx.data.val_loader(), cfg.parity_batches)
-    if check["max_abs_diff"] > cfg.tolerance:
-        raise EffvisionError(f"exported ONNX differs from PyTorch by {check['max_abs_diff']:.2e} > tolerance {cfg.tolerance:g} ({path})")
-    return ctx.onnx_result(path, extra={"parity": check})
+    """Export the current model, verify it on validation samples, keep the figures beside it."""
+    suffix = EXPORTERS.get(cfg.format).suffix
+    path, check = export_verified(ctx.model, cfg.format, cfg.precision, ctx.stage_dir / f"model{suffix}", ctx.input_shape,
+                                  ctx.data.calibration_loader(cfg.calibration_samples, seed=ctx.seed), ctx.data.val_loader(),
+                                  cfg.parity_batches, data=ctx.data.name)
+    if cfg.precision == "fp32" and check["max_abs_diff"] > cfg.tolerance:
+        raise EffvisionError(f"exported {cfg.format} differs from PyTorch by {check['max_abs_diff']:.2e} > tolerance {cfg.tolerance:g} ({path})")
+    if check["top1_agreement"] < cfg.min_agreement:
+        raise EffvisionError(f"exported {cfg.format} {cfg.precision} agrees with PyTorch on {check['top1_agreement']:.1%} of samples "
+                             f"< min_agreement {cfg.min_agreement:.0%} ({path})")
+    return ctx.artifact_result(path, extra={"format": cfg.format, "precision": cfg.precision, "parity": check})
+
+
+# Which backends run which kind of artifact a run produces.
+_RUNS = {"model": ("torch-eager", "torch-compile"), "onnx": ("onnxruntime-cpu", "onnxruntime-cuda"), "pte": ("executorch",)}
 
 
 class BenchConfig(StageConfig):
     type: Literal["bench"] = "bench"
     backends: list[str] = Field(default_factory=lambda: ["onnxruntime-cpu", "torch-eager"])
-    batch: int = Field(1, ge=1, description="batch for latency")
-    throughput_batch: int = Field(32, ge=1, description="batch for throughput")
+    precisions: list[str] = Field(default_factory=lambda: ["fp32"], description="for torch models; exported files run in their own precision")
+    batches: list[int] = Field(default_factory=lambda: [1, 32], description="batch sweep; the smallest is the latency batch, the largest the throughput one")
+    device: str = Field("auto", description="auto, cpu or cuda")
+    channels_last: bool = False
+    compile_mode: str = Field("default", description="torch.compile mode for torch-compile (reduce-overhead: CUDA graphs)")
     warmup: int = Field(10, ge=0)
     repeats: int = Field(50, ge=3)
-    threads: Optional[int] = Field(None, ge=1, description="intra-op threads (default: all cores)")
+    threads: int | None = Field(None, ge=1, description="intra-op threads (default: all cores)")
+    roofline: bool = Field(True, description="measure the device's matmul peak and copy bandwidth in the same run")
     targets: Literal["all", "final"] = Field("all", description="every stage's artifact, or only the last of each kind")
+
+    @field_validator("backends")
+    @classmethod
+    def _known_backends(cls, v: list[str]) -> list[str]:
+        for b in v:
+            BACKENDS.get(b)
+        return v
+
+    @field_validator("batches")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v or min(v) < 1:
+            raise ValueError("batches must be a non-empty list of positive sizes")
+        return sorted(set(v))
 
 
 @register_stage("bench", BenchConfig)
 def run_bench(ctx, cfg: BenchConfig) -> StageResult:
-    """Latency p50/p90/p99 and throughput of the stages' artifacts, warm-up and repeats."""
-    for b in cfg.backends:
-        BACKENDS.get(b)
-    if cfg.threads:
-        import torch
+    """Latency p50/p90/p99, throughput, memory and share of the device's peak for the stages'
+    artifacts, with a plot of the batch sweep."""
+    from ..device import resolve_device
+    from ..models import count_macs
+    from .results import plot_sweep
+    from .roofline import Roofline
+    from .runtime import onnx_precision
 
-        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    roofline = Roofline(device) if cfg.roofline else None
     measurements = []
     for stage, kind, artifact in ctx.artifacts_to_bench(cfg.targets):
-        backend = "torch-eager" if kind == "model" else "onnxruntime-cpu"
-        if backend not in cfg.backends:
-            continue
-        for m in benchmark(artifact, ctx.input_shape, backend, (cfg.batch, cfg.throughput_batch), cfg.warmup, cfg.repeats, cfg.threads):
-            measurements.append({"stage": stage, **m})
+        macs = count_macs(artifact, ctx.input_shape) if kind == "model" else ctx.records_by_name[stage].get("macs")
+        for backend in (b for b in cfg.backends if b in _RUNS[kind]):
+            if BACKENDS.get(backend).missing() or device.type not in BACKENDS.get(backend).supports:
+                continue
+            precisions = cfg.precisions if kind == "model" else [onnx_precision(artifact) if kind == "onnx" else ctx.records_by_name[stage].get("precision", "fp32")]
+            batches = cfg.batches
+            if kind == "pte":  # a program runs the batch size it was exported for
+                from .executorch_export import pte_input_shape
+
+                batches = pte_input_shape(artifact)[:1]
+            for precision in precisions:
+                rows = benchmark(artifact, ctx.input_shape, backend, precision, batches, device, cfg.channels_last, cfg.compile_mode,
+                                 cfg.warmup, cfg.repeats, cfg.threads, macs=macs, roofline=roofline)
+                measurements += [{"stage": stage, **r} for r in rows]
     if not measurements:
-        raise EffvisionError(f"bench: nothing to measure with backends {cfg.backends}")
-    return ctx.bench_result(measurements, cfg.batch, cfg.throughput_batch)
+        raise EffvisionError(f"bench: nothing to measure with backends {cfg.backends} on {device.type}")
+    plot = plot_sweep(measurements, ctx.stage_dir / "bench.png", f"{ctx.recipe.name}: latency and throughput")
+    extra = {"roofline": roofline.summary() if roofline else None, "plots": [plot.name] if plot else []}
+    return ctx.bench_result(measurements, extra)

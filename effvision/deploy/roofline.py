@@ -1,0 +1,97 @@
+"""The device's physical limits, measured in the same run as the benchmark: the matrix-multiply
+peak (FLOP/s) for a precision and the copy bandwidth (bytes read + written per second).
+
+A model's achieved FLOP/s divided by the peak says how much of the hardware it uses; the peak
+divided by the bandwidth is the arithmetic intensity below which work is memory-bound."""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from ..device import Timer, synchronize
+
+# Matrix sizes: large enough to leave launch and cache effects behind, small enough to stay quick
+# on a 2-core CPU (a 1024^3 fp32 product is ~2 GFLOP).
+_MATMUL_N = {"cpu": 1024, "cuda": 8192}
+_COPY_BYTES = {"cpu": 256 << 20, "cuda": 2 << 30}
+_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _median_ms(fn, device, warmup: int, repeats: int) -> float:
+    timer = Timer(device)
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    return statistics.median(timer.time(fn) for _ in range(repeats))
+
+
+def matmul_peak(device: torch.device | str, precision: str = "fp32", n: int | None = None, repeats: int = 5) -> dict | None:
+    """FLOP/s of an n x n x n matrix product in `precision` on `device`; None where the device has
+    no such product (e.g. float8 before Hopper/Ada, int8 without torch._int_mm)."""
+    device = torch.device(device)
+    n = n or _MATMUL_N[device.type]
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        if precision in _DTYPES:
+            a = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
+            b = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
+            fn = lambda: torch.mm(a, b)  # noqa: E731
+        elif precision == "int8":
+            a = torch.randint(-128, 127, (n, n), device=device, dtype=torch.int8)
+            b = torch.randint(-128, 127, (n, n), device=device, dtype=torch.int8)
+            fn = lambda: torch._int_mm(a, b)  # noqa: E731
+        elif precision == "float8" and device.type == "cuda":
+            a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+            b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+            one = torch.ones((), device=device)
+            fn = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+        else:
+            return None
+        ms = _median_ms(fn, device, warmup=2, repeats=repeats)
+    except (RuntimeError, NotImplementedError):
+        return None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return {"precision": precision, "n": n, "ms": round(ms, 4), "flops_per_s": 2 * n ** 3 / (ms / 1e3)}
+
+
+def copy_bandwidth(device: torch.device | str, nbytes: int | None = None, repeats: int = 5) -> dict:
+    """Bytes per second of a device-to-device copy, counting the bytes read and written."""
+    device = torch.device(device)
+    nbytes = nbytes or _COPY_BYTES[device.type]
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda: dst.copy_(src), device, warmup=2, repeats=repeats)
+    return {"bytes": 2 * nbytes, "ms": round(ms, 4), "bytes_per_s": 2 * nbytes / (ms / 1e3)}
+
+
+class Roofline:
+    """Peaks measured once per (device, precision) and kept for the run."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.peaks: dict[str, dict | None] = {}
+        self.bandwidth: dict | None = None
+
+    def peak(self, precision: str) -> dict | None:
+        """The ceiling for a model run in `precision`: the faster of that precision's matrix
+        product and the fp32 one. (A CPU without bf16/int8 matrix units runs those products
+        slower than fp32, and a runtime may compute in fp32 anyway; the fp32 rate is then the
+        honest ceiling.)"""
+        for p in {precision, "fp32"}:
+            if p not in self.peaks:
+                self.peaks[p] = matmul_peak(self.device, p)
+        candidates = [v for v in (self.peaks[precision], self.peaks["fp32"]) if v]
+        return max(candidates, key=lambda v: v["flops_per_s"], default=None)
+
+    def measure_bandwidth(self) -> dict:
+        if self.bandwidth is None:
+            self.bandwidth = copy_bandwidth(self.device)
+        return self.bandwidth
+
+    def summary(self) -> dict:
+        bw = self.measure_bandwidth()
+        return {"device": str(self.device), "copy_bytes_per_s": bw["bytes_per_s"],
+                "matmul_flops_per_s": {p: (v["flops_per_s"] if v else None) for p, v in self.peaks.items()}}

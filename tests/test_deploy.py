@@ -1,0 +1,265 @@
+"""Deployment: verified exports (ONNX fp32/fp16/int8, ExecuTorch), the benchmark harness across
+backends and precisions, device/timer/memory probes, the roofline, suites and result files.
+GPU paths run where CUDA exists and skip cleanly elsewhere; their CPU-side logic (device
+selection, timer fallback, precision switches) is tested here on the CPU."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from effvision.cli import main
+from effvision.device import PeakMemory, Timer, resolve_device
+from effvision.deploy import bench_model, benchmark, export_verified
+from effvision.deploy.backends import check_pair, supported_pairs
+from effvision.deploy.executorch_export import executorch_missing
+from effvision.deploy.onnx_export import export_onnx, failing_operator
+from effvision.deploy.results import write_results
+from effvision.deploy.roofline import Roofline, copy_bandwidth, matmul_peak
+from effvision.deploy.torch_precision import input_dtype, math_mode, prepare_model
+from effvision.errors import EffvisionError
+from effvision.models import create_model
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+needs_executorch = pytest.mark.skipif(executorch_missing() is not None, reason=str(executorch_missing()))
+SHAPE = [3, 32, 32]
+
+
+def small_net(classes: int = 10) -> nn.Module:
+    """A timm MobileNetV3 at quarter width: real depthwise/SE/hardswish layers, quick to export."""
+    return create_model("timm:mobilenetv3_small_050", num_classes=classes).eval()
+
+
+def loader(n: int = 48, batch: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.rand(batch, *SHAPE, generator=g) * 2 - 1, torch.zeros(batch, dtype=torch.long)) for _ in range(n // batch)]
+
+
+# --------------------------------------------------------------------------- device, timer, memory
+def test_device_selection_and_errors():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(EffvisionError, match="unknown device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(EffvisionError, match="no CUDA GPU"):
+            resolve_device("cuda")
+
+
+def test_cpu_timer_and_peak_rss_follow_the_work():
+    timer = Timer("cpu")
+    assert timer.kind == "perf_counter"
+    import time
+
+    assert 4.0 <= timer.time(lambda: time.sleep(0.005)) < 500
+    with PeakMemory("cpu") as small:
+        pass
+    with PeakMemory("cpu") as big:
+        block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB touched
+        del block
+    assert small.result()["kind"] == "peak_rss" and big.result()["bytes"] >= small.result()["bytes"]
+    if big.result()["scope"] == "block":  # Linux can reset the peak per block
+        assert big.result()["bytes"] - small.result()["bytes"] > 32 << 20
+
+
+@needs_cuda
+def test_cuda_timer_and_memory_use_events():
+    timer = Timer("cuda")
+    assert timer.kind == "cuda-event"
+    a = torch.randn(2048, 2048, device="cuda")
+    assert timer.time(lambda: a @ a) > 0
+    with PeakMemory("cuda") as mem:
+        torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    assert mem.result()["kind"] == "cuda_max_allocated" and mem.result()["bytes"] >= 256 << 20
+
+
+# --------------------------------------------------------------------------- precision switches
+def test_precision_switches_on_cpu():
+    net = small_net()
+    half, _ = prepare_model(net, "bf16", torch.device("cpu"), torch.zeros(1, *SHAPE))
+    assert next(half.parameters()).dtype == torch.bfloat16 and next(net.parameters()).dtype == torch.float32  # a copy
+    cl, _ = prepare_model(net, "fp32", torch.device("cpu"), torch.zeros(1, *SHAPE), channels_last=True)
+    conv = next(m for m in cl.modules() if isinstance(m, nn.Conv2d) and m.kernel_size[0] > 1)
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert input_dtype("fp16", torch.device("cuda")) == torch.float16
+    assert input_dtype("int8", torch.device("cuda")) == torch.bfloat16  # torchao GPU models take bf16
+    assert input_dtype("int8", torch.device("cpu")) == torch.float32
+    before = torch.backends.cuda.matmul.allow_tf32
+    with math_mode("tf32"):
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    with math_mode("fp32"):
+        assert not torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
+def test_unsupported_pairs_list_the_supported_ones():
+    with pytest.raises(EffvisionError) as err:
+        check_pair("torch-eager", "int8", torch.device("cpu"))
+    msg = str(err.value)
+    assert "does not run int8 on cpu" in msg and "onnxruntime-cpu: fp32, fp16, int8" in msg and "torch-compile: fp32, bf16, int8" in msg
+    with pytest.raises(EffvisionError, match="float8"):
+        check_pair("onnxruntime-cpu", "float8", torch.device("cpu"))
+    assert "float8" in supported_pairs("cuda") and "onnxruntime-cuda" in supported_pairs("cuda")
+
+
+# --------------------------------------------------------------------------- roofline
+def test_roofline_measures_matmul_peak_and_bandwidth():
+    peak = matmul_peak("cpu", "fp32", n=256, repeats=3)
+    assert peak["flops_per_s"] > 1e8 and peak["n"] == 256
+    assert copy_bandwidth("cpu", nbytes=16 << 20, repeats=3)["bytes_per_s"] > 1e8
+    assert matmul_peak("cpu", "float8") is None  # no float8 product on a CPU
+    rf = Roofline("cpu")
+    rf.peaks["fp32"] = peak
+    rf.peaks["int8"] = {"precision": "int8", "flops_per_s": 1.0}  # slower than fp32: fp32 is the ceiling
+    assert rf.peak("int8")["precision"] == "fp32"
+
+
+# --------------------------------------------------------------------------- exports
+@pytest.fixture(scope="module")
+def net():
+    return small_net()
+
+
+def test_onnx_exports_are_verified_and_figures_saved_beside(tmp_path, net):
+    for precision in ("fp32", "fp16", "int8"):
+        path, fig = export_verified(net, "onnx", precision, tmp_path / f"m.{precision}.onnx", SHAPE, loader(), loader(seed=1), data="random")
+        saved = json.loads((tmp_path / f"m.{precision}.onnx.parity.json").read_text())
+        assert saved == json.loads(json.dumps(fig)) and saved["samples"] == 48 and saved["precision"] == precision
+        limit = {"fp32": 1e-4, "fp16": 5e-2, "int8": 1.0}[precision]
+        assert saved["max_abs_diff"] < limit, saved
+    sizes = {p: (tmp_path / f"m.{p}.onnx").stat().st_size for p in ("fp32", "fp16", "int8")}
+    assert sizes["int8"] < sizes["fp16"] < sizes["fp32"]
+    from effvision.deploy.runtime import onnx_precision
+
+    assert [onnx_precision(tmp_path / f"m.{p}.onnx") for p in ("fp32", "fp16", "int8")] == ["fp32", "fp16", "int8"]
+
+
+@needs_executorch
+def test_executorch_exports_run_and_agree(tmp_path, net):
+    _, fp32 = export_verified(net, "executorch", "fp32", tmp_path / "m.pte", SHAPE, loader(), loader(seed=1))
+    assert fp32["max_abs_diff"] < 1e-3 and fp32["top1_agreement"] == 1.0 and fp32["samples"] == 48
+    _, int8 = export_verified(net, "executorch", "int8", tmp_path / "q.pte", SHAPE, loader(), loader(seed=1), batch=4)
+    assert int8["size_bytes"] < 0.5 * fp32["size_bytes"] and int8["samples"] == 48
+    from effvision.deploy.executorch_export import pte_input_shape
+
+    assert pte_input_shape(tmp_path / "q.pte") == [4, *SHAPE]
+
+
+@pytest.mark.skipif(executorch_missing() is None, reason="ExecuTorch is installed")
+def test_executorch_missing_says_why(tmp_path, net):
+    with pytest.raises(EffvisionError, match="ExecuTorch is not usable"):
+        export_verified(net, "executorch", "fp32", tmp_path / "m.pte", SHAPE, loader(), loader())
+
+
+@torch.library.custom_op("effvision_test::twist", mutates_args=())
+def _twist(x: torch.Tensor) -> torch.Tensor:
+    return x.flip(-1)
+
+
+@_twist.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Twisted(nn.Module):
+    effvision_spec = {"input_size": [3, 8, 8]}
+
+    def forward(self, x):
+        return _twist(x).mean((2, 3))
+
+
+def test_export_failure_names_the_operator(tmp_path):
+    with pytest.raises(EffvisionError) as err:
+        export_onnx(Twisted(), tmp_path / "t.onnx")
+    assert "effvision_test.twist" in str(err.value) and "\n" not in str(err.value)
+    assert failing_operator("No ONNX function found for <OpOverload(op='aten.foo', overload='default')>") == "aten.foo"
+    assert failing_operator("something else broke") is None
+
+
+# --------------------------------------------------------------------------- the harness
+def test_harness_reports_latency_memory_flops_and_share_of_peak(tmp_path, net):
+    rf = Roofline("cpu")
+    pairs = [("torch-eager", "fp32"), ("onnxruntime-cpu", "fp32"), ("onnxruntime-cpu", "int8")]
+    if executorch_missing() is None:
+        pairs.append(("executorch", "fp32"))
+    rows = bench_model(net, SHAPE, pairs, batches=(1, 4), device="cpu", warmup=1, repeats=5, macs=1_000_000, roofline=rf)
+    assert [(r["backend"], r["precision"], r["batch"]) for r in rows] == [(b, p, n) for b, p in pairs for n in (1, 4)]
+    for r in rows:
+        assert 0 < r["p50"] <= r["p90"] <= r["p99"] and r["timer"] == "perf_counter" and r["peak_memory"]["bytes"] > 0
+        assert r["flops_per_sample"] == 2_000_000 and r["fraction_of_peak"] == pytest.approx(r["achieved_flops_per_s"] / r["peak_flops_per_s"])
+    assert rf.summary()["copy_bytes_per_s"] > 0 and rf.summary()["matmul_flops_per_s"]["fp32"] > 0
+    paths = write_results([{"model": "net", **r} for r in rows], tmp_path / "out", {"note": "test"})
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = paths["md"].read_text()
+    assert "| net | onnxruntime-cpu | int8 | 4 |" in md and "bench.png" in md
+    assert json.loads(paths["json"].read_text())["note"] == "test"
+
+
+def test_torch_compile_and_pt2e_int8_on_cpu(net):
+    rows = bench_model(net, SHAPE, [("torch-compile", "fp32"), ("torch-compile", "int8")], batches=(2,), device="cpu", warmup=1, repeats=3)
+    assert [r["precision"] for r in rows] == ["fp32", "int8"] and rows[1]["quantization"].startswith("pt2e")
+    assert all(r["first_call_ms"] > r["p50"] for r in rows)  # the first call compiles
+
+
+def test_channels_last_and_bf16_on_cpu(net):
+    rows = benchmark(net, SHAPE, "torch-eager", "bf16", (2,), "cpu", channels_last=True, warmup=1, repeats=3)
+    assert rows[0]["channels_last"] and rows[0]["precision"] == "bf16"
+
+
+@needs_cuda
+@pytest.mark.parametrize("backend,precision,mode", [("torch-eager", "fp32", "default"), ("torch-eager", "tf32", "default"),
+                                                    ("torch-eager", "fp16", "default"), ("torch-compile", "bf16", "reduce-overhead")])
+def test_gpu_backends(net, backend, precision, mode):
+    rows = benchmark(net, SHAPE, backend, precision, (1, 8), "cuda", channels_last=True, compile_mode=mode, warmup=2, repeats=5, roofline=Roofline("cuda"), macs=1_000_000)
+    assert all(r["timer"] == "cuda-event" and r["peak_memory"]["kind"] == "cuda_max_allocated" and r["fraction_of_peak"] > 0 for r in rows)
+
+
+@needs_cuda
+@pytest.mark.parametrize("precision", ["int8", "float8"])
+def test_gpu_torchao_quantization(precision):
+    if precision == "float8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 needs Ada or Hopper")
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 256), nn.ReLU(), nn.Linear(256, 10)).eval()
+    rows = benchmark(model, SHAPE, "torch-eager", precision, (16,), "cuda", warmup=2, repeats=5)
+    assert rows[0]["quantized_layers"] >= 1
+
+
+# --------------------------------------------------------------------------- CLI
+def test_cli_bench_bad_pair_and_plots(tmp_path, capsys):
+    code = main(["bench", "timm:mobilenetv3_small_050", "--backend", "torch-eager", "--precision", "int8", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "supported on cpu:" in err and "onnxruntime-cpu: fp32, fp16, int8" in err
+    code = main(["bench", "timm:mobilenetv3_small_050", "--backend", "onnxruntime-cpu", "--precision", "fp32,fp16", "--batch", "1,2",
+                 "--repeats", "3", "--warmup", "1", "--input-size", "3,32,32", "--out", str(tmp_path / "b")])
+    assert code == 0, capsys.readouterr().err
+    res = json.loads((tmp_path / "b/results.json").read_text())
+    assert {(r["precision"], r["batch"]) for r in res["results"]} == {("fp32", 1), ("fp32", 2), ("fp16", 1), ("fp16", 2)}
+    assert res["roofline"]["copy_bytes_per_s"] > 0 and (tmp_path / "b/bench.png").is_file()
+    code = main(["export", "cifar_resnet8", "--format", "executorch", "--precision", "fp16"])
+    err = capsys.readouterr().err
+    assert code == 1 and "supported: executorch: fp32, int8; onnx: fp32, fp16, int8" in err
+
+
+# --------------------------------------------------------------------------- suites
+def test_suite_runs_records_failures_and_budget(tmp_path, monkeypatch):
+    from conftest import write_image_folder
+    from effvision.deploy import suite
+
+    monkeypatch.setitem(suite.SUITES, "tiny", {
+        "device": "cpu", "input_size": SHAPE, "batches": [1, 2], "channels_last": False, "warmup": 1, "repeats": 3,
+        "models": {"mnv3": "timm:mobilenetv3_small_050", "resnet8": "cifar_resnet8"},
+        "runs": [("onnxruntime-cpu", "fp32", None), ("onnxruntime-cpu", "int8", None), ("torch-eager", "int8", None)],
+    })
+    images = write_image_folder(tmp_path / "imgs", classes=("a", "b"), per_class=6, size=32)
+    meta = suite.run_suite("tiny", tmp_path / "out", images=str(images), log=lambda m: None)
+    res = json.loads((tmp_path / "out/results.json").read_text())
+    ok = [r for r in res["results"] if not r.get("error")]
+    assert {(r["model"], r["precision"], r["batch"]) for r in ok} == {(m, p, b) for m in ("mnv3", "resnet8") for p in ("fp32", "int8") for b in (1, 2)}
+    failed = [r for r in res["results"] if r.get("error")]
+    assert len(failed) == 2 and all("does not run int8 on cpu" in r["error"] for r in failed)
+    assert len(res["exports"]) == 4 and all(e["samples"] == 8 and (tmp_path / "out/artifacts" / e["model"] / (e["artifact"] + ".parity.json")).is_file()
+                                            for e in res["exports"])
+    assert meta["models"]["mnv3"]["macs"] > 0 and "failed: " in (tmp_path / "out/results.md").read_text()
+    suite.run_suite("tiny", tmp_path / "late", budget_s=1e-9, log=lambda m: None)
+    late = json.loads((tmp_path / "late/results.json").read_text())["results"]
+    assert late and all(r["error"].startswith("skipped: time budget") for r in late)
