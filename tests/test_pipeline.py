@@ -80,6 +80,25 @@ def test_report_md_and_html_show_every_stage(tiny_run):
     for s in report["stages"]:
         assert f"| {s['name']} |" in md and s["name"] in page
     assert "<svg" in page
+    # offline pictures: the Pareto plot and the bench stage's sweep plot, both inline PNGs
+    assert page.count('src="data:image/png;base64,') == 2 and "Pareto" in page
+    assert (run_dir / "stages/6-bench/bench.png").is_file() and "stages/6-bench/bench.png" in md
+    bench = next(s for s in report["stages"] if s["type"] == "bench")
+    assert bench["roofline"]["matmul_flops_per_s"]["fp32"] > 0 and bench["roofline"]["copy_bytes_per_s"] > 0
+
+
+def test_pareto_front_marks_the_undominated_stages():
+    from effvision.report import pareto_points
+
+    report = {"stages": [
+        {"name": "a", "type": "train", "accuracy": 0.9, "latency_ms": {"p50": 10.0}, "size_bytes": 100},
+        {"name": "b", "type": "export", "accuracy": 0.8, "latency_ms": {"p50": 2.0}, "size_bytes": 300},
+        {"name": "c", "type": "quantize", "accuracy": 0.7, "latency_ms": {"p50": 5.0}, "size_bytes": 50},
+        {"name": "bench", "type": "bench", "accuracy": 0.7, "latency_ms": {"p50": 1.0}}]}
+    pts = {p["name"]: p for p in pareto_points(report)}
+    assert set(pts) == {"a", "b", "c"}
+    assert (pts["a"]["front_latency"], pts["b"]["front_latency"], pts["c"]["front_latency"]) == (True, True, False)
+    assert (pts["a"]["front_size"], pts["b"]["front_size"], pts["c"]["front_size"]) == (True, False, True)
 
 
 def test_resume_skips_completed_stages(tmp_path):

@@ -24,8 +24,16 @@ def _mib(mem) -> str:
     return "-" if not mem else f"{mem['bytes'] / (1 << 20):.0f}"
 
 
+def _notes(row: dict) -> str:
+    """What a reader needs to judge the row: how it was quantized and how much of it."""
+    notes = [row["quantization"]] if row.get("quantization") else []
+    if row.get("quantized_layers") is not None:
+        notes.append(f"{row['quantized_layers']} layers quantized")
+    return "; ".join(notes)
+
+
 def markdown_table(rows: list[dict]) -> str:
-    head = ["model", "backend", "precision", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s", "GFLOP/s", "% of peak", "peak MiB", "first call ms"]
+    head = ["model", "backend", "precision", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s", "GFLOP/s", "% of peak", "peak MiB", "first call ms", "notes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("error"):
@@ -37,7 +45,7 @@ def markdown_table(rows: list[dict]) -> str:
         gflops = r.get("achieved_flops_per_s")
         lines.append(f"| {name} | {backend} | {r['precision']} | {r['batch']} | {r['p50']:.3f} | {r['p90']:.3f} | {r['p99']:.3f} | "
                      f"{r['samples_per_s']:.1f} | {'-' if gflops is None else f'{gflops / 1e9:.1f}'} | {_pct(r.get('fraction_of_peak'))} | "
-                     f"{_mib(r.get('peak_memory'))} | {r.get('first_call_ms', 0):.0f} |")
+                     f"{_mib(r.get('peak_memory'))} | {r.get('first_call_ms', 0):.0f} | {_notes(r)} |")
     return "\n".join(lines) + "\n"
 
 

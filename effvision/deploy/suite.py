@@ -113,15 +113,20 @@ def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = N
         meta.update(roofline=roofline.summary(), models=models, exports=exports, elapsed_s=round(time.perf_counter() - start, 1))
         write_results(rows, out_dir, meta, f"effvision {name} suite ({meta['env']['gpu'] or meta['env']['cpu']})")
 
+    built = {}
     for label, arch in suite["models"].items():
         if only and label not in only:
             continue
         model, source = build_model(label, arch, weights)
         macs = count_macs(model, shape)
         models[label] = {"arch": arch, "weights": source, "macs": macs, "params": sum(p.numel() for p in model.parameters())}
-        calib, val = real_images(images, shape[-1], *_norm_of(model)) if images else (None, None)
-        work = out_dir / "artifacts" / label
-        for backend, precision, mode in suite["runs"]:
+        loaders = real_images(images, shape[-1], *_norm_of(model)) if images else (None, None)
+        built[label] = (model, macs, *loaders)
+    # Run by run across the models, so a spent budget cuts the slowest configurations of every
+    # model rather than whole models.
+    for backend, precision, mode in suite["runs"]:
+        for label, (model, macs, calib, val) in built.items():
+            work = out_dir / "artifacts" / label
             base = {"model": label, "backend": backend, "precision": precision, **({"compile_mode": mode} if mode else {})}
             if budget_s and time.perf_counter() - start > budget_s:
                 rows.append({**base, "error": f"skipped: time budget {budget_s:.0f}s spent"})
