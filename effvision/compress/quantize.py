@@ -15,15 +15,16 @@ CALIBRATION = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entro
 
 
 class _Reader:
-    """Feeds calibration batches to ONNX Runtime's calibrator."""
+    """Feeds calibration samples to ONNX Runtime's calibrator one at a time: its histogram
+    collectors (percentile, entropy) cannot stack outputs of unequal batches (a short last one)."""
 
     def __init__(self, loader, input_name: str):
-        self.batches = iter(loader)
+        self.samples = (x[i:i + 1].numpy() for x, *_ in loader for i in range(len(x)))
         self.name = input_name
 
     def get_next(self):
-        batch = next(self.batches, None)
-        return None if batch is None else {self.name: batch[0].numpy()}
+        sample = next(self.samples, None)
+        return None if sample is None else {self.name: sample}
 
     def rewind(self):  # required by newer CalibrationDataReader users
         pass

@@ -66,11 +66,15 @@ def plot_sweep(rows: list[dict], path: str | Path, title: str = "") -> Path | No
     if not series:
         return None
     fig, (lat, tp) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, pts in series.items():
+    colors = plt.get_cmap("tab20").colors  # more series than the default 10-colour cycle
+    owners = sorted({(r.get("model") or r.get("stage") or "") for pts in series.values() for r in pts})
+    for i, (name, pts) in enumerate(series.items()):
         pts = sorted(pts, key=lambda r: r["batch"])
         b = [p["batch"] for p in pts]
-        lat.plot(b, [p["p50"] for p in pts], marker="o", label=name)
-        tp.plot(b, [p["samples_per_s"] for p in pts], marker="o", label=name)
+        style = dict(marker="o", label=name, color=colors[i % len(colors)],
+                     linestyle=("-", "--", ":", "-.")[owners.index(pts[0].get("model") or pts[0].get("stage") or "") % 4])
+        lat.plot(b, [p["p50"] for p in pts], **style)
+        tp.plot(b, [p["samples_per_s"] for p in pts], **style)
     for ax, y in ((lat, "latency p50 (ms)"), (tp, "throughput (samples/s)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
