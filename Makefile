@@ -51,9 +51,9 @@ bench: $(STAMP)
 # when missing); the shared real images calibrate int8 and check every export's agreement.
 R18_RUN := runs/resnet18_cifar10
 bench-cpu: $(STAMP)
-	@test -f $(R18_RUN)/stages/1-baseline/model.pt || $(BIN)/effvision compress compress/resnet18_cifar10.yaml --set data.root=../shared/datasets --run-dir $(R18_RUN)
+	@test -f $(R18_RUN)/stages/2-finetune/model.pt || $(BIN)/effvision train compress/resnet18_cifar10.yaml --set data.root=../shared/datasets --run-dir $(R18_RUN)
 	EFFVISION_QUIET=1 $(BIN)/python -m effvision.deploy.suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test \
-	  --weights resnet18=$(R18_RUN)/stages/1-baseline/model.pt
+	  --weights resnet18=$(R18_RUN)/stages/2-finetune/model.pt
 
 # The GPU deployment benchmark, for a machine with one CUDA GPU whose own python3 already has
 # torch, torchvision, timm, onnx and onnxruntime but no package registry: what it lacks installs
@@ -61,7 +61,7 @@ bench-cpu: $(STAMP)
 # run is used when present (VARIANT=path); otherwise that row is the pruned structure, untrained.
 GPU_PYTHON ?= python3
 GPU_SITE ?= /tmp/effvision-gpu-site
-VARIANT ?= $(wildcard $(R18_RUN)/stages/3-distill/model.pt)
+VARIANT ?= $(wildcard $(R18_RUN)/stages/4-distill/model.pt)
 GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 torch-pruning==1.6.1 torchao==0.18.0
 gpu-bench:
 	@if ls .whl/*.whl >/dev/null 2>&1; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl; fi

@@ -26,29 +26,50 @@ def _best_ms(fn, device, warmup: int, repeats: int) -> float:
     return min(timer.time(fn) for _ in range(repeats))
 
 
+def _product(device: torch.device, precision: str, n: int):
+    """A zero-argument n x n x n matrix product in `precision`, or None where there is none."""
+    if precision in _DTYPES:
+        a = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
+        b = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
+        return lambda: torch.mm(a, b)
+    if precision == "int8":
+        a = torch.randint(-128, 127, (n, n), device=device, dtype=torch.int8)
+        b = torch.randint(-128, 127, (n, n), device=device, dtype=torch.int8)
+        return lambda: torch._int_mm(a, b)
+    if precision == "float8" and device.type == "cuda":
+        a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device)
+        return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    return None
+
+
+def _fitting_size(device: torch.device, precision: str, n_max: int, seconds: float = 0.3) -> int:
+    """The largest power-of-two size up to n_max whose product takes about `seconds` or less:
+    a CPU without bf16/fp16/int8 matrix units runs those products 100x slower than fp32, and a
+    2048^3 one would then take half a minute."""
+    if device.type != "cpu":
+        return n_max
+    fn = _product(device, precision, 256)
+    fn()
+    rate = 2 * 256 ** 3 / max(_best_ms(fn, device, warmup=0, repeats=2) / 1e3, 1e-9)
+    n = n_max
+    while n > 256 and 2 * n ** 3 / rate > seconds:
+        n //= 2
+    return n
+
+
 def matmul_peak(device: torch.device | str, precision: str = "fp32", n: int | None = None, repeats: int = 5) -> dict | None:
     """FLOP/s of an n x n x n matrix product in `precision` on `device`; None where the device has
     no such product (e.g. float8 before Hopper/Ada, int8 without torch._int_mm)."""
     device = torch.device(device)
-    n = n or _MATMUL_N[device.type]
     tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-        if precision in _DTYPES:
-            a = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
-            b = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
-            fn = lambda: torch.mm(a, b)  # noqa: E731
-        elif precision == "int8":
-            a = torch.randint(-128, 127, (n, n), device=device, dtype=torch.int8)
-            b = torch.randint(-128, 127, (n, n), device=device, dtype=torch.int8)
-            fn = lambda: torch._int_mm(a, b)  # noqa: E731
-        elif precision == "float8" and device.type == "cuda":
-            a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
-            b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
-            one = torch.ones((), device=device)
-            fn = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
-        else:
+        if _product(device, precision, 16) is None:
             return None
+        n = n or _fitting_size(device, precision, _MATMUL_N[device.type])
+        fn = _product(device, precision, n)
         ms = _best_ms(fn, device, warmup=2, repeats=repeats)
     except (RuntimeError, NotImplementedError):
         return None
