@@ -143,6 +143,10 @@ def test_executorch_exports_run_and_agree(tmp_path, net):
     from effvision.deploy.executorch_export import pte_input_shape
 
     assert pte_input_shape(tmp_path / "q.pte") == [4, *SHAPE]
+    rows = benchmark(tmp_path / "q.pte", SHAPE, "executorch", "int8", (4,), "cpu", warmup=1, repeats=3)
+    assert rows[0]["program_batch"] == 4 and rows[0]["p50"] > 0
+    with pytest.raises(EffvisionError, match="exported for batch 4, not 2"):
+        benchmark(tmp_path / "q.pte", SHAPE, "executorch", "int8", (2,), "cpu", warmup=1, repeats=3)
 
 
 @pytest.mark.skipif(executorch_missing() is None, reason="ExecuTorch is installed")
@@ -179,9 +183,8 @@ def test_export_failure_names_the_operator(tmp_path):
 # --------------------------------------------------------------------------- the harness
 def test_harness_reports_latency_memory_flops_and_share_of_peak(tmp_path, net):
     rf = Roofline("cpu")
+    # ExecuTorch runs through the same harness in test_executorch_exports_run_and_agree
     pairs = [("torch-eager", "fp32"), ("onnxruntime-cpu", "fp32"), ("onnxruntime-cpu", "int8")]
-    if executorch_missing() is None:
-        pairs.append(("executorch", "fp32"))
     rows = bench_model(net, SHAPE, pairs, batches=(1, 4), device="cpu", warmup=1, repeats=5, macs=1_000_000, roofline=rf)
     assert [(r["backend"], r["precision"], r["batch"]) for r in rows] == [(b, p, n) for b, p in pairs for n in (1, 4)]
     for r in rows:
