@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -198,8 +197,3 @@ def check_pair(name: str, precision: str, device: torch.device) -> Backend:
     if reason:
         raise EffvisionError(f"backend '{name}' is not available: {reason}")
     return inst
-
-
-def to_numpy(out) -> np.ndarray:
-    out = out[0] if isinstance(out, (list, tuple)) else out
-    return out.float().cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)

@@ -76,12 +76,10 @@ def benchmark(target, shape: list[int], backend: str | None = None, precision: s
 def default_backend(target) -> str:
     if isinstance(target, nn.Module):
         return "torch-eager"
-    suffix = Path(target).suffix
-    return {".onnx": "onnxruntime-cpu", ".pte": "executorch"}.get(suffix) or _unknown_file(target)
-
-
-def _unknown_file(target) -> str:
-    raise EffvisionError(f"cannot benchmark {target}: expected an .onnx or .pte file, an effvision checkpoint or a model name")
+    backend = {".onnx": "onnxruntime-cpu", ".pte": "executorch"}.get(Path(target).suffix)
+    if backend is None:
+        raise EffvisionError(f"cannot benchmark {target}: expected an .onnx or .pte file, an effvision checkpoint or a model name")
+    return backend
 
 
 def batch_groups(takes: str, batches: Iterable[int]) -> list[tuple[int, ...]]:

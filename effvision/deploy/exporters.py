@@ -123,7 +123,7 @@ def export_for_backend(model: nn.Module, takes: str, precision: str, work: Path,
     """The file a file-running backend (`takes` = .onnx or .pte) benchmarks, exported once per
     (format, precision[, batch]) into `work`; verified when a validation loader is given. Without
     calibration data int8 is calibrated on random inputs: fine for speed, not for accuracy."""
-    fmt = {".onnx": "onnx", ".pte": "executorch"}[takes]
+    fmt = next(name for name in EXPORTERS.names() if EXPORTERS.get(name).suffix == takes)
     exporter = get_exporter(fmt, precision)
     path = Path(work) / (f"model.{precision}" + (f".b{batch}" if fmt == "executorch" else "") + exporter.suffix)
     if path.exists():
