@@ -266,3 +266,18 @@ def test_suite_runs_records_failures_and_budget(tmp_path, monkeypatch):
     suite.run_suite("tiny", tmp_path / "late", budget_s=1e-9, log=lambda m: None)
     late = json.loads((tmp_path / "late/results.json").read_text())["results"]
     assert late and all(r["error"].startswith("skipped: time budget") for r in late)
+
+
+def test_suite_verifies_int8_at_the_size_a_checkpoint_was_trained_for(tmp_path):
+    from conftest import write_image_folder
+    from effvision.deploy.results import parity_table
+    from effvision.deploy.suite import native_agreement
+
+    images = str(write_image_folder(tmp_path / "imgs", classes=("a", "b"), per_class=6, size=32))
+    model = create_model("timm:mobilenetv3_small_050", num_classes=2, input_size=[3, 16, 16]).eval()
+    assert native_agreement(model, images, tmp_path / "same", [3, 16, 16]) is None  # already measured at its size
+    figures = native_agreement(model, images, tmp_path / "work", [3, 224, 224])
+    assert figures["input_shape"] == [3, 16, 16] and figures["precision"] == "int8" and figures["samples"] == 8
+    assert (tmp_path / "work/model.int8.native.onnx.parity.json").is_file() and 0 <= figures["top1_agreement"] <= 1
+    table = parity_table([{"model": "m", **figures}, {"model": "bad", "artifact": "x.onnx", "error": "no conversion"}])
+    assert "| m | model.int8.native.onnx | 3x16x16 |" in table and "| bad | x.onnx | failed: no conversion |" in table

@@ -49,6 +49,20 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parity_table(exports: list[dict]) -> str:
+    """One row per verified export: how far its logits are from PyTorch's and how often its
+    top-1 prediction agrees."""
+    head = ["model", "artifact", "input", "max abs diff", "mean abs diff", "top-1 agreement", "samples", "MB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in exports:
+        if e.get("error"):
+            lines.append(f"| {e.get('model', '-')} | {e['artifact']} | failed: {e['error']} |" + " |" * (len(head) - 3))
+            continue
+        lines.append(f"| {e.get('model', '-')} | {e['artifact']} | {'x'.join(map(str, e['input_shape']))} | {e['max_abs_diff']:.3g} | "
+                     f"{e['mean_abs_diff']:.3g} | {100 * e['top1_agreement']:.1f}% | {e['samples']} | {e['size_bytes'] / 1e6:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_sweep(rows: list[dict], path: str | Path, title: str = "") -> Path | None:
     """Latency p50 and throughput against batch size, one line per label; None if matplotlib is
     missing (the JSON and Markdown still carry every figure)."""
@@ -99,6 +113,8 @@ def write_results(rows: list[dict], out_dir: str | Path, meta: dict, title: str 
     out_dir = Path(out_dir)
     paths = {"json": write_json(out_dir / "results.json", {**meta, "results": rows})}
     md = [f"# {title}", "", markdown_table(rows)]
+    if meta.get("exports"):
+        md += ["## Export parity (against PyTorch)", "", parity_table(meta["exports"])]
     png = plot_sweep(rows, out_dir / "bench.png", title)
     if png:
         paths["png"] = png

@@ -22,7 +22,7 @@ from ..device import resolve_device
 from ..errors import EffvisionError
 from .backends import backend as get_backend, check_pair
 from .bench import batch_groups, benchmark
-from .exporters import export_for_backend
+from .exporters import export_for_backend, export_verified
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -89,6 +89,19 @@ def _norm_of(model) -> tuple:
     return IMAGENET_MEAN, IMAGENET_STD
 
 
+def native_agreement(model, images: str, work: Path, shape: list[int]) -> dict | None:
+    """A checkpoint trained at another input size (CIFAR's 32 px) is out of its regime at the
+    suite's size, where int8 agreement says little; its int8 ONNX file is then also verified at
+    the size it was trained for, on the same real images."""
+    native = list(getattr(model, "effvision_spec", {}).get("input_size") or shape)
+    if native == list(shape):
+        return None
+    calib, val = real_images(images, native[-1], *_norm_of(model))
+    _, figures = export_verified(model, "onnx", "int8", Path(work) / "model.int8.native.onnx", native, calib, val,
+                                 max_batches=10_000, data="real images, trained input size")
+    return figures
+
+
 def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = None, images: str | None = None,
               budget_s: float | None = None, only: list[str] | None = None, repeats: int | None = None,
               warmup: int | None = None, log=print) -> dict:
@@ -122,6 +135,12 @@ def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = N
         models[label] = {"arch": arch, "weights": source, "macs": macs, "params": sum(p.numel() for p in model.parameters())}
         loaders = real_images(images, shape[-1], *_norm_of(model)) if images else (None, None)
         built[label] = (model, macs, *loaders)
+        try:
+            native = native_agreement(model, images, out_dir / "artifacts" / label, shape) if images else None
+        except (EffvisionError, RuntimeError, ValueError) as exc:
+            native = {"artifact": "model.int8.native.onnx", "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]}
+        if native:
+            exports.append({"model": label, **native})
     # Run by run across the models, so a spent budget cuts the slowest configurations of every
     # model rather than whole models.
     for backend, precision, mode in suite["runs"]:
