@@ -90,8 +90,15 @@ def data_inspect(path: Path = typer.Argument(..., help="A file, a folder or a .z
         return
     bad = [r for r in results if not r["ok"]]
     shown = bad[:50] if len(results) > 50 else results
-    _table(f"{path}: {len(results) - len(bad)} ok, {len(bad)} failed", ["path", "ok", "kind", "shape", "error"],
-           [[r["path"], "yes" if r["ok"] else "[red]no[/]", r["kind"] or "-", "x".join(map(str, r["shape"])) if r["shape"] else "-", r["error"] or ""] for r in shown])
+    _table(f"{path}: {len(results) - len(bad)} ok, {len(bad)} failed", ["path", "ok", "kind", "shape", "details / error"],
+           [[r["path"], "yes" if r["ok"] else "[red]no[/]", r["kind"] or "-", "x".join(map(str, r["shape"])) if r["shape"] else "-",
+             r["error"] or _details(r)] for r in shown])
+
+
+def _details(r: dict) -> str:
+    if r.get("frames") is not None:
+        return f"{r['frames']} frames, {r['fps']:g} fps, {r['backend']}"
+    return ""
 
 
 # ----------------------------------------------------------------------------- pipeline

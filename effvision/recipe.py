@@ -35,6 +35,8 @@ class DataConfig(Strict):
     on_bad_sample: Literal["skip", "fail"] = "skip"
     max_train_samples: Optional[int] = Field(None, gt=0, description="stratified subset, for short runs")
     max_val_samples: Optional[int] = Field(None, gt=0)
+    num_frames: Optional[int] = Field(None, gt=0, description="video: override the card's frames per clip")
+    sampler: Optional[str] = Field(None, description="video: override the card's frame sampler")
 
 
 class ModelConfig(Strict):

@@ -11,9 +11,9 @@ from ..errors import EffvisionError
 from ..progress import track
 from ..recipe import DataConfig
 from ..registry import DATASETS
-from . import builtin  # noqa: F401  (registers digits and imagefolder)
+from . import builtin, frame_samplers, videos  # noqa: F401  (register the readers and samplers)
 from .cards import DatasetCard, get_card
-from .transforms import eval_transform, train_transform
+from .transforms import eval_transform, train_transform, video_eval_transform, video_train_transform
 
 
 class Subset(torch.utils.data.Subset):
@@ -51,7 +51,8 @@ class DatasetBundle:
 
     @property
     def input_size(self) -> list[int]:
-        return [3, self.card.image_size, self.card.image_size]
+        size = self.card.image_size
+        return [3, self.config.num_frames or self.card.num_frames, size, size] if self.modality == "video" else [3, size, size]
 
     @property
     def bad_samples(self) -> list[tuple[str, str]]:
@@ -80,11 +81,15 @@ class DatasetBundle:
     @property
     def train_tf(self):
         c = self.card
+        if self.modality == "video":
+            return video_train_transform(c.image_size, c.mean, c.std, c.hflip)
         return train_transform(c.image_size, c.mean, c.std, c.hflip, c.train_crop)
 
     @property
     def eval_tf(self):
         c = self.card
+        if self.modality == "video":
+            return video_eval_transform(c.image_size, c.mean, c.std)
         return eval_transform(c.image_size, c.mean, c.std)
 
 

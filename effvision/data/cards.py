@@ -1,7 +1,7 @@
 """Dataset cards: declarative YAML under data/ saying where a dataset is and how to feed it."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field
 
@@ -24,6 +24,12 @@ class DatasetCard(Strict):
     std: list[float] = Field(default_factory=lambda: [0.229, 0.224, 0.225])
     hflip: bool = True
     train_crop: Literal["pad", "resized"] = "pad"
+    # video
+    num_frames: int = Field(8, gt=0, description="frames per clip (video)")
+    sampler: str = Field("tsn", description="video frame sampler: tsn, dense, keyframes, motion")
+    sampler_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {stride: 2} for dense")
+    resize: Optional[int] = Field(None, gt=0, description="short side frames are decoded at, >= image_size (default image_size)")
+    generate: dict[str, Any] = Field(default_factory=dict, description="parameters of a generated dataset")
     description: str = ""
 
 

@@ -5,16 +5,36 @@ from pathlib import Path
 
 from ..errors import EffvisionError
 from .images import IMAGE_EXTS, FileSource, decode_image, is_image
+from .video_io import VIDEO_EXTS, VideoError, is_video, open_video
 
 
-def _status(path: str, kind=None, shape=None, error=None) -> dict:
-    return {"path": path, "ok": error is None, "kind": kind, "shape": shape, "frames": None, "points": None, "error": error}
+def _status(path: str, kind=None, shape=None, error=None, **more) -> dict:
+    return {"path": path, "ok": error is None, "kind": kind, "shape": shape, "frames": None, "points": None, "error": error, **more}
+
+
+def inspect_video(source: FileSource, name: str) -> dict:
+    """Frames, fps, resolution and the backend that decoded it: the first, middle and last
+    frames are decoded, so a file that opens but breaks part-way is caught."""
+    where = source.where(name)
+    if source.is_zip:
+        return _status(where, "video", error="videos inside a .zip are not read; extract the archive")
+    try:
+        video = open_video(source.path / name)
+        n = len(video)
+        frames = video.frames(sorted({0, n // 2, n - 1}))
+    except VideoError as exc:
+        return _status(where, "video", error=str(exc).replace(f"{source.path / name}: ", ""))
+    h, w, c = frames.shape[1:]
+    return _status(where, "video", [h, w, c], frames=n, fps=round(video.fps, 3), backend=video.backend)
 
 
 def inspect_one(source: FileSource, name: str) -> dict:
     where = source.where(name)
+    if is_video(name):
+        return inspect_video(source, name)
     if not is_image(name):
-        return _status(where, error=f"unsupported file type (images: {', '.join(sorted(e[1:] for e in IMAGE_EXTS))})")
+        known = sorted(e[1:] for e in IMAGE_EXTS | VIDEO_EXTS)
+        return _status(where, error=f"unsupported file type (images and videos: {', '.join(known)})")
     try:
         img = decode_image(source.read(name))
     except Exception as exc:  # noqa: BLE001
@@ -27,7 +47,7 @@ def inspect_path(path: str | Path, progress=None) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise EffvisionError(f"path not found: {path}")
-    if path.is_file() and is_image(path.name):
+    if path.is_file() and (is_image(path.name) or is_video(path.name)):
         return [inspect_one(FileSource(path.parent), path.name)]
     source = FileSource(path)
     names = source.names()

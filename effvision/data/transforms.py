@@ -15,3 +15,20 @@ def train_transform(size: int, mean, std, hflip: bool = True, crop: str = "pad")
 
 def eval_transform(size: int, mean, std) -> v2.Compose:
     return v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+
+
+def _channels_first_in_time(clip: torch.Tensor) -> torch.Tensor:
+    return clip.permute(1, 0, 2, 3).contiguous()  # (T, C, H, W) -> (C, T, H, W), torchvision's video layout
+
+
+def video_train_transform(size: int, mean, std, hflip: bool = False) -> v2.Compose:
+    """The same random crop (and flip) for every frame of a uint8 (T, 3, H, W) clip; flips are
+    off by default because they turn left-moving into right-moving."""
+    ops = [v2.RandomResizedCrop(size, scale=(0.5, 1.0), antialias=True)] + ([v2.RandomHorizontalFlip()] if hflip else [])
+    return v2.Compose([*ops, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), v2.Lambda(_channels_first_in_time)])
+
+
+def video_eval_transform(size: int, mean, std) -> v2.Compose:
+    """A centre crop of frames already decoded at the card's short side (`resize`, at least
+    `size`): MMAction2's Resize(-1, resize) + CenterCrop(size), the resize done by the decoder."""
+    return v2.Compose([v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), v2.Lambda(_channels_first_in_time)])

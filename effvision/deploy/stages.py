@@ -45,6 +45,40 @@ def run_export(ctx, cfg: ExportConfig) -> StageResult:
     return ctx.artifact_result(path, extra={"format": cfg.format, "precision": cfg.precision, "parity": check})
 
 
+class EvaluateConfig(StageConfig):
+    type: Literal["evaluate"] = "evaluate"
+    clips: int = Field(1, ge=1, description="video: clips per video, at evenly spaced positions")
+    crops: Literal[1, 3] = Field(1, description="video: crops per clip (1: centre; 3: along the longer side)")
+
+
+@register_stage("evaluate", EvaluateConfig)
+def run_evaluate(ctx, cfg: EvaluateConfig) -> StageResult:
+    """Accuracy of what ships (the latest ONNX file, else the current model) with test-time
+    views (MMAction2's multi-clip, multi-crop testing), and their cost: clips x crops forward
+    passes per video."""
+    import time
+
+    from torch.utils.data import DataLoader
+
+    from ..data.views import ViewsDataset, views_accuracy
+    from ..evaluate import torch_predictor
+    from .runtime import onnx_predictor
+
+    card, views = ctx.data.card, cfg.clips * cfg.crops
+    dataset = ViewsDataset(ctx.data.val, cfg.clips, cfg.crops, card.image_size, card.mean, card.std)
+    loader = DataLoader(dataset, batch_size=max(1, ctx.data.config.eval_batch_size // views), num_workers=ctx.data.config.num_workers)
+    predict, runtime = (onnx_predictor(ctx.onnx), "onnxruntime") if ctx.onnx else (torch_predictor(ctx.model, ctx.device), "torch")
+    start = time.perf_counter()
+    acc = views_accuracy(predict, loader)
+    seconds = time.perf_counter() - start
+    shipped = next(r for r in reversed(ctx.records) if {"onnx", "model"} & set(r["artifacts"]))
+    metrics = {k: shipped.get(k) for k in ("params", "macs", "size_bytes")}
+    metrics.update(accuracy=acc, evaluated_with=runtime, artifact_of=shipped["name"], time_to_accuracy_s=None, clips=cfg.clips,
+                   crops=cfg.crops, views=views, macs_per_video=(shipped.get("macs") or 0) * views,
+                   ms_per_video=round(1000 * seconds / max(1, len(dataset)), 2))
+    return StageResult(metrics, {})
+
+
 # Which backends run which kind of artifact a run produces.
 _RUNS = {"model": ("torch-eager", "torch-compile"), "onnx": ("onnxruntime-cpu", "onnxruntime-cuda"), "pte": ("executorch",)}
 

@@ -29,7 +29,7 @@ def _vit_like(name: str) -> bool:
 def create_torchvision(name: str, num_classes: int, input_size: list[int] | None, **kwargs) -> nn.Module:
     import torchvision
 
-    available = torchvision.models.list_models(module=torchvision.models)
+    available = torchvision.models.list_models(module=torchvision.models) + torchvision.models.list_models(module=torchvision.models.video)
     if name not in available:
         raise UnknownNameError(suggest(name, available, "torchvision model"))
     if input_size is not None and name.startswith(("vit", "swin", "maxvit")):

@@ -6,7 +6,7 @@ from typing import Any
 from torch import nn
 
 from ..registry import MODELS, UnknownNameError, suggest
-from . import cifar_resnet  # noqa: F401  (registers the built-in architectures)
+from . import cifar_resnet, video  # noqa: F401  (register the built-in architectures)
 from .adapters import create_timm, create_torchvision
 from .zoo import get_card, list_cards
 
@@ -32,6 +32,17 @@ def resolve(name: str, num_classes: int | None = None, input_size: list[int] | N
     return spec
 
 
+def _clip_kwargs(builder, size: list[int] | None) -> dict:
+    """A clip input [C, T, H, W] sets a video builder's num_frames and frame_size (the data's
+    clip length wins over a card's kwargs, so `data.num_frames=1` gives a single-frame model)."""
+    import inspect
+
+    if not size or len(size) != 4:
+        return {}
+    params = inspect.signature(builder).parameters
+    return {k: v for k, v in (("num_frames", size[1]), ("frame_size", size[-1])) if k in params}
+
+
 def build(spec: dict) -> nn.Module:
     """Instantiate a spec made by resolve() with random weights."""
     arch, n, size, kwargs = spec["arch"], spec["num_classes"], spec["input_size"], dict(spec["kwargs"])
@@ -40,7 +51,8 @@ def build(spec: dict) -> nn.Module:
     elif arch.startswith("torchvision:"):
         model = create_torchvision(arch[12:], n, size, **kwargs)
     else:
-        model = MODELS.get(arch)(num_classes=n, **kwargs)
+        builder = MODELS.get(arch)
+        model = builder(num_classes=n, **{**kwargs, **_clip_kwargs(builder, size)})
     model.effvision_spec = dict(spec)
     return model
 

@@ -1,0 +1,201 @@
+"""Video datasets: a class-per-folder tree of video files, or an annotation list (`relative/path
+label` lines as UCF101/Kinetics lists use, or CSV), decoded clip by clip through a frame sampler.
+
+Each file is opened once when the dataset is built (container header only, no decoding): a file
+that is not a video is skipped and counted, or stops the run with its path (on_bad_sample). A file
+that opens but fails to decode later is handled the same way when it is read."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..errors import EffvisionError
+from ..registry import DATASETS
+from .frame_samplers import FrameSampler, get_sampler
+from .images import ScanReport
+from .video_io import VideoError, is_video, open_video
+
+
+def folder_entries(root: Path) -> tuple[list[str], list[tuple[Path, str]]]:
+    """Class folders and (file, class) pairs of <root>/<class>/<video>."""
+    if not root.is_dir():
+        raise EffvisionError(f"data path not found: {root}")
+    files = sorted(p for p in root.rglob("*") if p.is_file() and is_video(p.name) and not p.name.startswith("."))
+    pairs = [(p, p.relative_to(root).parts[0]) for p in files if len(p.relative_to(root).parts) >= 2]
+    if not pairs:
+        raise EffvisionError(f"no videos in class-per-folder layout (<class>/<video>) under {root}")
+    return sorted({c for _, c in pairs}), pairs
+
+
+def list_entries(list_file: Path, root: Path) -> list[tuple[Path, str]]:
+    """(file, label) pairs of an annotation list: `path label` lines (label a class name or an
+    index; a line with only a path takes its folder as the class) or a CSV with path and label
+    columns. Paths are relative to `root`."""
+    if not list_file.is_file():
+        raise EffvisionError(f"annotation list not found: {list_file}")
+    text = list_file.read_text(errors="replace")
+    if list_file.suffix.lower() == ".csv":
+        rows = list(csv.reader(text.splitlines()))
+        head = [h.strip().lower() for h in rows[0]] if rows else []
+        if "path" in head and "label" in head:
+            rows = [(r[head.index("path")], r[head.index("label")]) for r in rows[1:] if r]
+        else:
+            rows = [(r[0], r[1] if len(r) > 1 else "") for r in rows if r]
+    else:
+        rows = []
+        for line in text.splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.rsplit(maxsplit=1)
+            rows.append((line, "") if len(parts) == 1 or is_video(line) else (parts[0], parts[1]))
+    pairs = []
+    for n, (rel, label) in enumerate(rows, 1):
+        rel = rel.strip()
+        label = label.strip() or Path(rel).parent.name
+        if not label:
+            raise EffvisionError(f"{list_file}:{n}: no label for {rel} (write `path label`, or put the file in a class folder)")
+        pairs.append((root / rel, label))
+    if not pairs:
+        raise EffvisionError(f"annotation list {list_file} has no entries")
+    return pairs
+
+
+def class_names(labels: list[str]) -> list[str]:
+    """Sorted class names; all-integer labels (UCF101's 1-based indices) sort as numbers."""
+    uniq = set(labels)
+    return sorted(uniq, key=int) if all(u.lstrip("-").isdigit() for u in uniq) else sorted(uniq)
+
+
+class VideoDataset(torch.utils.data.Dataset):
+    """Clips of num_frames frames as uint8 (T, 3, H, W) tensors, frames resized while decoding so
+    the short side is `short_side`. In training the sampler draws random positions; otherwise each
+    of `clips` views sits at its own fixed position (several views for test-time averaging)."""
+
+    def __init__(self, entries: list[tuple[Path, int]], classes: list[str], sampler: FrameSampler, short_side: int,
+                 train: bool = False, on_bad_sample: str = "skip", progress: Callable | None = None, backend: str = "auto"):
+        self.classes, self.sampler, self.short_side, self.train, self.backend = classes, sampler, short_side, train, backend
+        self.on_bad_sample = on_bad_sample
+        self.report = ScanReport(total=len(entries))
+        self.samples: list[tuple[Path, int]] = []
+        self.frames_decoded = 0  # over every clip read so far (this process)
+        self.clips_read = 0
+        for path, label in (progress or (lambda it, **_: it))(entries, description="opening videos"):
+            try:
+                open_video(path, None, backend)
+            except VideoError as exc:
+                self._bad(path, exc)
+                continue
+            self.samples.append((path, label))
+        if not self.samples:
+            raise EffvisionError(f"every video of the dataset is unreadable ({len(self.report.bad)} files)")
+        self.targets = [label for _, label in self.samples]
+        self.transform = None
+
+    def _bad(self, path: Path, exc: Exception) -> None:
+        if self.on_bad_sample == "fail":
+            raise EffvisionError(f"{exc} (set data.on_bad_sample=skip to skip such files)") from None
+        self.report.bad.append((str(path), str(exc)))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def clip(self, i: int, position: float = 0.5) -> torch.Tensor:
+        """The clip of sample i as uint8 (T, 3, H, W); a file that fails to decode is recorded and
+        the next sample stands in (skip), or the error names it (fail)."""
+        for k in range(len(self.samples)):
+            path, _ = self.samples[(i + k) % len(self.samples)]
+            rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())) if self.train else i)
+            try:
+                c = self.sampler.clip(path, self.short_side, self.train, rng, self.backend, position)
+            except VideoError as exc:
+                self._bad(path, exc)
+                continue
+            self.frames_decoded += c.decoded
+            self.clips_read += 1
+            return torch.from_numpy(np.ascontiguousarray(c.frames)).permute(0, 3, 1, 2)
+        raise EffvisionError("no video of the dataset could be decoded")
+
+    def __getitem__(self, i: int):
+        clip = self.clip(i)
+        return (self.transform(clip) if self.transform else clip), self.targets[i]
+
+
+def video_dataset(pairs: list[tuple[Path, str]], classes: list[str], sampler: FrameSampler, short_side: int, train: bool,
+                  on_bad_sample: str, progress=None) -> VideoDataset:
+    index = {c: k for k, c in enumerate(classes)}
+    missing = sorted({c for _, c in pairs} - set(index))
+    if missing:
+        raise EffvisionError(f"labels not among the training classes: {', '.join(missing[:5])}")
+    return VideoDataset([(p, index[c]) for p, c in pairs], classes, sampler, short_side, train, on_bad_sample, progress)
+
+
+def _root(card, config) -> Path:
+    root = config.root or card.root
+    if not root:
+        raise EffvisionError(f"dataset {card.name} needs a path: pass --set data.root=<folder holding the videos>")
+    root = Path(root).expanduser()
+    if not root.exists():
+        raise EffvisionError(f"data path not found: {root}")
+    return root
+
+
+def _samplers(card, config) -> tuple[FrameSampler, int]:
+    sampler = get_sampler(config.sampler or card.sampler, config.num_frames or card.num_frames, **card.sampler_options)
+    short = card.resize or card.image_size
+    if short < card.image_size:
+        raise EffvisionError(f"dataset {card.name}: resize ({short}) must be at least image_size ({card.image_size}): crops are cut from the decoded frames")
+    return sampler, short
+
+
+def _split(root: Path, given: str | None, defaults: tuple[str, ...]) -> Path:
+    for name in ([given] if given else list(defaults)):
+        if (root / name).exists():
+            return root / name
+    raise EffvisionError(f"data path not found: {root / (given or ' or '.join(defaults))} (set data.root to the folder that holds it)")
+
+
+def _build(card, config, train_pairs, val_pairs, classes, progress):
+    sampler, short = _samplers(card, config)
+    return (video_dataset(train_pairs, classes, sampler, short, True, config.on_bad_sample, progress),
+            video_dataset(val_pairs, classes, sampler, short, False, config.on_bad_sample, progress))
+
+
+@DATASETS.register("videofolder")
+def videofolder(card, config, progress=None):
+    """<root>/<train>/<class>/<video> and the val split alike (default folders train, val or test)."""
+    root = _root(card, config)
+    classes, train = folder_entries(_split(root, card.train, ("train",)))
+    _, val = folder_entries(_split(root, card.val, ("val", "test")))
+    return _build(card, config, train, val, classes, progress)
+
+
+@DATASETS.register("videolist")
+def videolist(card, config, progress=None):
+    """Annotation lists (card train/val, relative to root) whose entries are relative to root."""
+    root = _root(card, config)
+    if not card.train or not card.val:
+        raise EffvisionError(f"dataset {card.name}: a videolist card names its train and val list files")
+    train, val = list_entries(root / card.train, root), list_entries(root / card.val, root)
+    return _build(card, config, train, val, class_names([c for _, c in train]), progress)
+
+
+@DATASETS.register("synthetic-motion")
+def synthetic_motion(card, config, progress=None):
+    """The generated motion videos (synthetic_motion.py), written once under data.root
+    (default runs/data/synthetic-motion) and reused."""
+    from .synthetic_motion import CLASSES, generate
+
+    root = Path(config.root or card.root or "runs/data/synthetic-motion").expanduser()
+    try:
+        generate(root, progress=progress, **card.generate)
+    except TypeError:
+        raise EffvisionError(f"dataset {card.name}: unknown generate option in {sorted(card.generate)} "
+                             "(choices: train_per_class, val_per_class, frames, size, seed)") from None
+    _, train = folder_entries(root / "train")
+    _, val = folder_entries(root / "val")
+    return _build(card, config, train, val, list(CLASSES), progress)
