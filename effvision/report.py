@@ -75,6 +75,11 @@ def _fmt_bytes(n) -> str:
 _SHORT = {"onnxruntime-cpu": "ort-cpu", "torch-eager": "eager"}
 
 
+def _measured_with(stage: dict) -> str:
+    views = f", {stage['clips']} clips x {stage['crops']} crops" if stage.get("views") else ""
+    return (stage.get("evaluated_with") or "-") + views
+
+
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     """The per-stage table shared by report.md, report.html and the CLI."""
     head = ["#", "stage", "type", "params", "MACs", "size", "top-1", "measured with", "p50 ms (b=1)", "samples/s", "wall s", "time-to-acc s"]
@@ -82,7 +87,7 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     for i, s in enumerate(report["stages"], 1):
         lat, tp = s.get("latency_ms"), s.get("throughput")
         rows.append([str(i), s["name"], s["type"], fmt_num(s.get("params")), fmt_num(s.get("macs")), _fmt_bytes(s.get("size_bytes")),
-                     f"{s['accuracy']:.4f}" if s.get("accuracy") is not None else "-", s.get("evaluated_with") or "-",
+                     f"{s['accuracy']:.4f}" if s.get("accuracy") is not None else "-", _measured_with(s),
                      f"{lat['p50']:.3f} {_SHORT.get(lat['backend'], lat['backend'])}" if lat else "-", f"{tp['samples_per_s']:.0f} (b={tp['batch']})" if tp else "-",
                      f"{s.get('wall_s', 0):.1f}", f"{s['time_to_accuracy_s']:.1f}" if s.get("time_to_accuracy_s") is not None else "-"])
     return head, rows
@@ -96,6 +101,10 @@ def to_markdown(report: dict) -> str:
         out.append(f"Dataset: {d['name']} ({d['modality']}), train {d['train_size']}, val {d['val_size']}, {d.get('bad_samples', 0)} unreadable files skipped")
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
+    for s in report["stages"]:
+        if s.get("views"):
+            out += ["", f"Test views ({s['name']}): {s['clips']} clips x {s['crops']} crops = {s['views']} forward passes per video, "
+                        f"{fmt_num(s.get('macs_per_video'))} MACs and {s.get('ms_per_video')} ms per video (decoding included)."]
     bench = [s for s in report["stages"] if s["type"] == "bench"]
     if bench and bench[-1].get("all_measurements"):
         from .deploy.results import markdown_table

@@ -277,3 +277,27 @@ def test_labelled_shared_clips_train_one_epoch(tmp_path, monkeypatch):
     model = create_model("tsn", num_classes=bundle.num_classes, input_size=bundle.input_size, backbone="timm:mobilenetv3_small_050")
     result = fit(model, bundle, TrainSettings(epochs=1, lr=0.01, optimizer="adamw"), torch.device("cpu"))
     assert len(result.history) == 1 and np.isfinite(result.history[0]["loss"])
+
+
+def test_video_recipe_runs_every_stage(tmp_path, monkeypatch):
+    """The whole pipeline on a few generated clips: train, prune, distill, export, int8, views, bench."""
+    from effvision.data.cards import get_card
+    from effvision.pipeline import run_pipeline
+    from effvision.recipe import validate_recipe
+
+    card = get_card("synthetic-motion").model_copy(update={
+        "image_size": 32, "resize": 36, "num_frames": 4, "generate": {"train_per_class": 3, "val_per_class": 2, "frames": 8, "size": 36}})
+    monkeypatch.setattr("effvision.data.get_card", lambda name: card)
+    recipe = validate_recipe({
+        "name": "video-tiny", "data": {"name": "synthetic-motion", "root": str(tmp_path / "clips"), "batch_size": 6},
+        "model": {"name": "tsm", "kwargs": {"backbone": "cifar_resnet8", "width": 0.25}},
+        "stages": [{"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3}, {"type": "prune", "ratio": 0.5},
+                   {"type": "distill", "epochs": 1}, {"type": "export"}, {"type": "quantize", "calibration_samples": 8},
+                   {"type": "evaluate", "clips": 2, "crops": 3}, {"type": "bench", "warmup": 1, "repeats": 3, "batches": [1, 2]}]})
+    report = run_pipeline(recipe, tmp_path / "run")
+    stages = {s["name"]: s for s in report["stages"]}
+    assert report["dataset"]["modality"] == "video" and report["dataset"]["train_size"] == 18
+    assert stages["quantize"]["evaluated_with"] == "onnxruntime" and stages["prune"]["macs"] < stages["baseline"]["macs"]
+    views = stages["evaluate"]
+    assert views["views"] == 6 and views["evaluated_with"] == "onnxruntime" and views["macs_per_video"] == 6 * stages["quantize"]["macs"]
+    assert "2 clips x 3 crops" in (tmp_path / "run/report.md").read_text()

@@ -56,7 +56,7 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
 class QuantizeConfig(StageConfig):
     type: Literal["quantize"] = "quantize"
     calibration_samples: int = Field(256, gt=0, description="training samples used to calibrate activations")
-    method: Literal["minmax", "percentile", "entropy"] = "minmax"
+    method: Literal["minmax", "percentile", "entropy"] = "percentile"
     per_channel: bool = True
     exclude: list[str] = Field(default_factory=list, description="ONNX node names left in float")
     reduce_range: Union[bool, Literal["auto"]] = Field("auto", description="7-bit weights; auto: when the CPU lacks VNNI")

@@ -92,7 +92,8 @@ def _norm_of(model) -> tuple:
 def native_agreement(model, images: str, work: Path, shape: list[int]) -> dict | None:
     """A checkpoint trained at another input size (CIFAR's 32 px) is out of its regime at the
     suite's size, where int8 agreement says little; its int8 ONNX file is then also verified at
-    the size it was trained for, on the same real images."""
+    the size it was trained for, on the same real images (checkpoints only: a model built from
+    its name has no trained size)."""
     native = list(getattr(model, "effvision_spec", {}).get("input_size") or shape)
     if native == list(shape):
         return None
@@ -136,7 +137,7 @@ def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = N
         loaders = real_images(images, shape[-1], *_norm_of(model)) if images else (None, None)
         built[label] = (model, macs, *loaders)
         try:
-            native = native_agreement(model, images, out_dir / "artifacts" / label, shape) if images else None
+            native = native_agreement(model, images, out_dir / "artifacts" / label, shape) if images and label in weights else None
         except (EffvisionError, RuntimeError, ValueError) as exc:
             native = {"artifact": "model.int8.native.onnx", "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]}
         if native:

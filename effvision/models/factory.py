@@ -12,8 +12,10 @@ from .zoo import get_card, list_cards
 
 
 def list_models(modality: str | None = None) -> list[str]:
-    """Zoo card names and registered architectures (timm:/torchvision: reach far more)."""
-    return sorted({c.name for c in list_cards(modality)} | (set(MODELS.names()) if modality in (None, "image") else set()))
+    """Zoo card names and registered architectures (timm:/torchvision: reach far more). A
+    registered builder states its modality with a `modality` attribute (default image)."""
+    archs = {n for n in MODELS.names() if modality in (None, getattr(MODELS.get(n), "modality", "image"))}
+    return sorted({c.name for c in list_cards(modality)} | archs)
 
 
 def resolve(name: str, num_classes: int | None = None, input_size: list[int] | None = None, **kwargs) -> dict:

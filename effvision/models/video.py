@@ -124,3 +124,6 @@ def tsm(num_classes: int = 10, backbone: str = "timm:resnet18", num_frames: int 
     model = FrameConsensus(_backbone(backbone, num_classes, frame_size), num_frames)
     insert_temporal_shift(model.backbone, num_frames, fold_div)
     return model
+
+
+tsn.modality = tsm.modality = "video"  # for list_models(modality)
