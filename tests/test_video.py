@@ -174,7 +174,7 @@ def test_temporal_shift_moves_channel_folds_in_time():
     assert y[:, 4].tolist() == [0, 1, 2, 3]  # the rest stay
 
 
-VIDEO_MODELS = ["tsm_resnet8.synthetic_motion", "tsm_mobilenetv3_small_100", "tsm_resnet18", "tsn_mobilenetv3_small_100", "r3d_18", "mc3_18", "r2plus1d_18"]
+VIDEO_MODELS = ["tsm_resnet8_050.synthetic_motion", "tsm_mobilenetv3_small_100", "tsm_resnet18", "tsn_mobilenetv3_small_100", "r3d_18", "mc3_18", "r2plus1d_18"]
 
 
 @pytest.mark.parametrize("name", VIDEO_MODELS)
@@ -208,7 +208,7 @@ def test_video_model_prunes_exports_and_quantizes(name, tmp_path):
 def test_single_frame_model_is_the_same_backbone_with_one_frame():
     from effvision.models import create_model
 
-    model = create_model("tsm_resnet8.synthetic_motion", input_size=[3, 1, 32, 32])
+    model = create_model("tsm_resnet8_050.synthetic_motion", input_size=[3, 1, 32, 32])
     assert model.num_frames == 1 and model(torch.randn(2, 3, 1, 32, 32)).shape == (2, 6)
 
 

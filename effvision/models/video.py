@@ -101,10 +101,10 @@ class FrameConsensus(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _backbone(name: str, num_classes: int, frame_size: int) -> nn.Module:
+def _backbone(name: str, num_classes: int, frame_size: int, **kwargs) -> nn.Module:
     from .factory import build, resolve
 
-    spec = resolve(name, num_classes, [3, frame_size, frame_size])
+    spec = resolve(name, num_classes, [3, frame_size, frame_size], **kwargs)
     model = build(spec)
     for attr in ("forward_features", "forward_head", "get_classifier", "reset_classifier"):
         if not hasattr(model, attr):
@@ -114,14 +114,14 @@ def _backbone(name: str, num_classes: int, frame_size: int) -> nn.Module:
 
 @MODELS.register("tsn")
 def tsn(num_classes: int = 10, backbone: str = "timm:mobilenetv3_small_100", num_frames: int = 8, frame_size: int = 112, **kwargs) -> FrameConsensus:
-    """TSN: per-frame 2D backbone + temporal average."""
-    return FrameConsensus(_backbone(backbone, num_classes, frame_size), num_frames)
+    """TSN: per-frame 2D backbone + temporal average; other kwargs go to the backbone."""
+    return FrameConsensus(_backbone(backbone, num_classes, frame_size, **kwargs), num_frames)
 
 
 @MODELS.register("tsm")
 def tsm(num_classes: int = 10, backbone: str = "timm:resnet18", num_frames: int = 8, frame_size: int = 112, fold_div: int = 8, **kwargs) -> FrameConsensus:
-    """TSM: TSN with residual temporal shifts."""
-    model = FrameConsensus(_backbone(backbone, num_classes, frame_size), num_frames)
+    """TSM: TSN with residual temporal shifts; other kwargs go to the backbone."""
+    model = FrameConsensus(_backbone(backbone, num_classes, frame_size, **kwargs), num_frames)
     insert_temporal_shift(model.backbone, num_frames, fold_div)
     return model
 
