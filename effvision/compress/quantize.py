@@ -62,7 +62,14 @@ def quantize_onnx(src: str | Path, dst: str | Path, calib_loader, method: str = 
         pre = Path(tmp) / "pre.onnx"
         logging.getLogger("root").setLevel(logging.ERROR)
         with contextlib.redirect_stdout(io.StringIO()):
-            quant_pre_process(str(src), str(pre), skip_symbolic_shape=False)
+            try:
+                quant_pre_process(str(src), str(pre), skip_symbolic_shape=False)
+            except Exception as exc:  # noqa: BLE001  (ORT raises a bare Exception here)
+                # Symbolic inference gives up on shapes computed at run time (TSM's shift masks);
+                # ONNX's own shape inference is enough for the quantizer then.
+                if "symbolic shape inference" not in str(exc):
+                    raise
+                quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
 
             def write(out: Path) -> None:
                 quantize_static(str(pre), str(out), _Reader(calib_loader, input_name), quant_format=QuantFormat.QDQ,
