@@ -17,11 +17,13 @@ from PIL import Image, ImageDraw, ImageFilter
 from ..errors import EffvisionError
 
 CLASSES = ["move_left", "move_right", "move_up", "move_down", "turn_clockwise", "turn_anticlockwise"]
-VERSION = 1
+VERSION = 2
 
 
 def _texture(rng: np.random.Generator, size: int, smooth: float) -> Image.Image:
-    noise = rng.integers(0, 256, (size // 4 + 1, size // 4 + 1, 3), dtype=np.uint8)
+    """A smooth, low-contrast coloured background (the shape must stand out at low resolution)."""
+    noise = rng.integers(0, 256, (size // 6 + 1, size // 6 + 1, 3)).astype(np.float32)
+    noise = (rng.integers(60, 196, 3) + 0.35 * (noise - 128)).clip(0, 255).astype(np.uint8)
     img = Image.fromarray(noise).resize((size, size), Image.BICUBIC)
     return img.filter(ImageFilter.GaussianBlur(smooth))
 
@@ -47,7 +49,7 @@ def render_clip(label: int, rng: np.random.Generator, frames: int = 16, size: in
     sprite = _sprite(rng, size // 2)
     pos = rng.uniform(0, size, 2)
     angle = rng.uniform(0, 360)
-    speed, turn = rng.uniform(1.5, 3.0), rng.uniform(8.0, 15.0)
+    speed, turn = rng.uniform(2.0, 3.5), rng.uniform(10.0, 20.0)
     step = {0: (-speed, 0), 1: (speed, 0), 2: (0, -speed), 3: (0, speed)}.get(label, (0, 0))
     spin = {4: -turn, 5: turn}.get(label, 0.0)  # PIL turns anticlockwise for positive angles
     out = np.empty((frames, size, size, 3), np.uint8)
