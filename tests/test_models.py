@@ -11,13 +11,15 @@ from effvision.models.zoo import list_cards
 from effvision.registry import MODELS
 
 NAMES = MODELS.names() + [c.name for c in list_cards()] + ["timm:resnet10t", "torchvision:mobilenet_v3_small"]
+VIDEO = {n for n in MODELS.names() if getattr(MODELS.get(n), "modality", "image") == "video"} | {c.name for c in list_cards("video")}
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_model_contract_prune_export_parity(name, tmp_path):
     torch.manual_seed(0)
-    model = create_model(name, num_classes=7, input_size=[3, 32, 32])
-    x = torch.randn(2, 3, 32, 32)
+    shape = [3, 4, 32, 32] if name in VIDEO else [3, 32, 32]  # video clips are (C, T, H, W)
+    model = create_model(name, num_classes=7, input_size=shape)
+    x = torch.randn(2, *shape)
     model.train()
     out = model(x)
     assert out.shape == (2, 7)

@@ -178,31 +178,20 @@ VIDEO_MODELS = ["tsm_resnet8_050.synthetic_motion", "tsm_mobilenetv3_small_100",
 
 
 @pytest.mark.parametrize("name", VIDEO_MODELS)
-def test_video_model_prunes_exports_and_quantizes(name, tmp_path):
-    from effvision.compress.prune import prune
+def test_video_model_quantizes_to_int8(name, tmp_path):
+    """Contract, pruning and ONNX parity of every video model run in test_models (parametrized
+    over the registry and the zoo); here the exported clip model also goes through int8."""
     from effvision.compress.quantize import quantize_onnx
     from effvision.deploy.onnx_export import export_onnx
     from effvision.deploy.runtime import onnx_predictor
-    from effvision.models import count_macs, create_model
+    from effvision.models import create_model
 
     shape = [3, 4, 32, 32]
     model = create_model(name, num_classes=5, input_size=shape).eval()
-    x = torch.randn(2, *shape)
-    out = model(x)
-    assert out.shape == (2, 5) and torch.isfinite(out).all()
-    model.train()
-    model(x).sum().backward()
-    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-    model.eval().zero_grad(set_to_none=True)
-    macs = count_macs(model, shape)
-    prune(model, 0.3)
-    assert count_macs(model, shape) < macs and model(x).shape == (2, 5)
     onnx_file = export_onnx(model, tmp_path / "m.onnx", shape)
-    with torch.inference_mode():
-        ref = model(x).numpy()
-    assert np.abs(onnx_predictor(onnx_file)(x.numpy()) - ref).max() < 1e-3
     int8 = quantize_onnx(onnx_file, tmp_path / "m.int8.onnx", [(torch.randn(2, *shape), None)])
-    assert onnx_predictor(int8)(x.numpy()).shape == (2, 5)
+    out = onnx_predictor(int8)(torch.randn(3, *shape).numpy())
+    assert out.shape == (3, 5) and np.isfinite(out).all()
 
 
 def test_single_frame_model_is_the_same_backbone_with_one_frame():

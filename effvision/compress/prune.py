@@ -51,13 +51,16 @@ def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning
     per_layer = {m: r for pat, r in (layer_ratios or {}).items() for m in match_layers(model, [pat]).values()}
     pruner = tp.pruner.MetaPruner(model, example, importance=_importance(importance), pruning_ratio=ratio, global_pruning=global_pruning,
                                   pruning_ratio_dict=per_layer or None, ignored_layers=ignored, round_to=round_to, iterative_steps=iterative_steps)
-    widths_before = _head_widths(model)
+    # Nested classifiers too (a video model's 2D backbone): each keeps its cached widths in step.
+    owners = [m for m in model.modules() if hasattr(m, "reset_classifier")] or [model]
+    widths_before = [(m, _head_widths(m)) for m in owners]
     for _ in range(iterative_steps):
         if importance == "taylor":
             _accumulate_gradients(model, calib_loader)
         pruner.step()
     model.zero_grad(set_to_none=True)
-    _sync_cached_widths(model, widths_before)
+    for owner, before in widths_before:
+        _sync_cached_widths(owner, before)
     return model
 
 
