@@ -177,7 +177,8 @@ def test_temporal_shift_moves_channel_folds_in_time():
 VIDEO_MODELS = ["tsm_resnet8_050.synthetic_motion", "tsm_mobilenetv3_small_100", "tsm_resnet18", "tsn_mobilenetv3_small_100", "r3d_18", "mc3_18", "r2plus1d_18"]
 
 
-@pytest.mark.parametrize("name", VIDEO_MODELS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("r3d_18", "mc3_18", "r2plus1d_18", "tsm_resnet18") else n
+                                  for n in VIDEO_MODELS])
 def test_video_model_quantizes_to_int8(name, tmp_path):
     """Contract, pruning and ONNX parity of every video model run in test_models (parametrized
     over the registry and the zoo); here the exported clip model also goes through int8."""
