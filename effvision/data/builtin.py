@@ -28,6 +28,17 @@ def digits(card, config, progress=None):
     return (TensorImageDataset(x[tr], [y[i] for i in tr], classes), TensorImageDataset(x[va], [y[i] for i in va], classes))
 
 
+def data_root(card, config) -> Path:
+    """The folder a card's data lives in: data.root, else the card's root; it must exist."""
+    root_str = config.root or card.root
+    if not root_str:
+        raise EffvisionError(f"dataset {card.name} needs a path: pass --set data.root=<folder holding {card.train or 'train/'}>")
+    root = Path(root_str).expanduser()
+    if not root.exists():
+        raise EffvisionError(f"data path not found: {root}")
+    return root
+
+
 def _split_path(root: Path, given: str | None, defaults: tuple[str, ...]) -> Path:
     for name in ([given] if given else list(defaults)):
         if (root / name).exists():
@@ -39,12 +50,7 @@ def _split_path(root: Path, given: str | None, defaults: tuple[str, ...]) -> Pat
 @DATASETS.register("imagefolder")
 def imagefolder(card, config, progress=None):
     """Folders (or .zip files) in ImageFolder layout: <root>/<train>/<class>/<image> and the val split."""
-    root_str = config.root or card.root
-    if not root_str:
-        raise EffvisionError(f"dataset {card.name} needs a path: pass --set data.root=<folder holding {card.train or 'train/'}>")
-    root = Path(root_str).expanduser()
-    if not root.exists():
-        raise EffvisionError(f"data path not found: {root}")
+    root = data_root(card, config)
     train = ImageFolderDataset(_split_path(root, card.train, ("train",)), config.on_bad_sample, progress)
     val = ImageFolderDataset(_split_path(root, card.val, ("val", "test")), config.on_bad_sample, progress)
     return train, val

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import EffvisionError
 from ..registry import DATASETS
+from .builtin import _split_path, data_root
 from .frame_samplers import FrameSampler, get_sampler
 from .images import ScanReport
 from .video_io import VideoError, is_video, open_video
@@ -134,29 +135,12 @@ def video_dataset(pairs: list[tuple[Path, str]], classes: list[str], sampler: Fr
     return VideoDataset([(p, index[c]) for p, c in pairs], classes, sampler, short_side, train, on_bad_sample, progress)
 
 
-def _root(card, config) -> Path:
-    root = config.root or card.root
-    if not root:
-        raise EffvisionError(f"dataset {card.name} needs a path: pass --set data.root=<folder holding the videos>")
-    root = Path(root).expanduser()
-    if not root.exists():
-        raise EffvisionError(f"data path not found: {root}")
-    return root
-
-
 def _samplers(card, config) -> tuple[FrameSampler, int]:
     sampler = get_sampler(config.sampler or card.sampler, config.num_frames or card.num_frames, **card.sampler_options)
     short = card.resize or card.image_size
     if short < card.image_size:
         raise EffvisionError(f"dataset {card.name}: resize ({short}) must be at least image_size ({card.image_size}): crops are cut from the decoded frames")
     return sampler, short
-
-
-def _split(root: Path, given: str | None, defaults: tuple[str, ...]) -> Path:
-    for name in ([given] if given else list(defaults)):
-        if (root / name).exists():
-            return root / name
-    raise EffvisionError(f"data path not found: {root / (given or ' or '.join(defaults))} (set data.root to the folder that holds it)")
 
 
 def _build(card, config, train_pairs, val_pairs, classes, progress):
@@ -168,16 +152,16 @@ def _build(card, config, train_pairs, val_pairs, classes, progress):
 @DATASETS.register("videofolder")
 def videofolder(card, config, progress=None):
     """<root>/<train>/<class>/<video> and the val split alike (default folders train, val or test)."""
-    root = _root(card, config)
-    classes, train = folder_entries(_split(root, card.train, ("train",)))
-    _, val = folder_entries(_split(root, card.val, ("val", "test")))
+    root = data_root(card, config)
+    classes, train = folder_entries(_split_path(root, card.train, ("train",)))
+    _, val = folder_entries(_split_path(root, card.val, ("val", "test")))
     return _build(card, config, train, val, classes, progress)
 
 
 @DATASETS.register("videolist")
 def videolist(card, config, progress=None):
     """Annotation lists (card train/val, relative to root) whose entries are relative to root."""
-    root = _root(card, config)
+    root = data_root(card, config)
     if not card.train or not card.val:
         raise EffvisionError(f"dataset {card.name}: a videolist card names its train and val list files")
     train, val = list_entries(root / card.train, root), list_entries(root / card.val, root)
