@@ -42,7 +42,7 @@ demo: $(STAMP)
 	$(BIN)/effvision compress compress/default.yaml --run-dir runs/demo
 
 test: $(STAMP) sysdeps
-	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow"
+	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow" --durations=12
 
 bench: $(STAMP)
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m slow

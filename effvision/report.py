@@ -104,7 +104,8 @@ def to_markdown(report: dict) -> str:
     for s in report["stages"]:
         if s.get("views"):
             out += ["", f"Test views ({s['name']}): {s['clips']} clips x {s['crops']} crops = {s['views']} forward passes per video, "
-                        f"{fmt_num(s.get('macs_per_video'))} MACs and {s.get('ms_per_video')} ms per video (decoding included)."]
+                        f"{fmt_num(s.get('macs_per_video'))} MACs, {s.get('frames_decoded_per_video')} decoded frames and "
+                        f"{s.get('ms_per_video')} ms per video (decoding included)."]
     bench = [s for s in report["stages"] if s["type"] == "bench"]
     if bench and bench[-1].get("all_measurements"):
         from .deploy.results import markdown_table

@@ -168,10 +168,36 @@ def test_temporal_shift_moves_channel_folds_in_time():
 
     t, c = 4, 8
     x = torch.arange(t, dtype=torch.float32).view(1, t, 1, 1, 1).expand(2, t, c, 2, 2).reshape(2 * t, c, 2, 2)
-    y = TemporalShift(t, fold_div=4)(x).reshape(2, t, c, 2, 2)[0, :, :, 0, 0]
+    y = TemporalShift(t, c, fold_div=4)(x).reshape(2, t, c, 2, 2)[0, :, :, 0, 0]
     assert y[:, 0].tolist() == [1, 2, 3, 0]  # fold 1 sees the next frame (zeros after the last)
     assert y[:, 2].tolist() == [0, 0, 1, 2]  # fold 2 sees the previous frame
     assert y[:, 4].tolist() == [0, 1, 2, 3]  # the rest stay
+
+
+def test_pruning_keeps_each_channels_shift_direction():
+    """The shift masks are pruned with their channels: a kept channel shifts the way it was
+    trained to (recomputing the folds from the pruned width would scramble the directions)."""
+    from effvision.compress.prune import prune
+    from effvision.models import create_model
+    from effvision.models.video import TemporalShift
+
+    model = create_model("tsm", num_classes=4, input_size=[3, 4, 32, 32], backbone="cifar_resnet8", width=0.5, fold_div=4)
+    wrapped = [m for m in model.modules() if isinstance(m, torch.nn.Sequential) and isinstance(m[0], TemporalShift)]
+    widths = [seq[1].in_channels for seq in wrapped]
+    with torch.no_grad():  # tag every input channel of the shifted convs with its index
+        for seq in wrapped:
+            shift, conv = seq
+            tags = torch.arange(1.0, conv.in_channels + 1)
+            conv.weight.copy_(tags.view(1, -1, 1, 1).expand_as(conv.weight))
+            shift.back.mul_(tags.view(1, -1, 1, 1)), shift.ahead.mul_(tags.view(1, -1, 1, 1))
+    prune(model, 0.5)
+    for seq, width in zip(wrapped, widths):
+        shift, conv = seq
+        kept = conv.weight[0, :, 0, 0]  # the original index (+1) of every input channel left
+        assert shift.back.shape[1] == len(kept) < width and not shift.back.requires_grad
+        assert torch.equal(shift.back.flatten(), torch.where(shift.back.flatten() > 0, kept, 0.0))
+        assert torch.equal(shift.ahead.flatten(), torch.where(shift.ahead.flatten() > 0, kept, 0.0))
+    assert model(torch.randn(2, 3, 4, 32, 32)).shape == (2, 4)
 
 
 VIDEO_MODELS = ["tsm_resnet8_050.synthetic_motion", "tsm_mobilenetv3_small_100", "tsm_resnet18", "tsn_mobilenetv3_small_100", "r3d_18", "mc3_18", "r2plus1d_18"]
@@ -179,20 +205,24 @@ VIDEO_MODELS = ["tsm_resnet8_050.synthetic_motion", "tsm_mobilenetv3_small_100",
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("r3d_18", "mc3_18", "r2plus1d_18", "tsm_resnet18") else n
                                   for n in VIDEO_MODELS])
-def test_video_model_quantizes_to_int8(name, tmp_path):
+def test_video_model_quantizes_to_int8(name, tmp_path, monkeypatch):
     """Contract, pruning and ONNX parity of every video model run in test_models (parametrized
-    over the registry and the zoo); here the exported clip model also goes through int8."""
+    over the registry and the zoo); here the exported clip model also goes through int8, leaving
+    nothing in the working directory."""
     from effvision.compress.quantize import quantize_onnx
     from effvision.deploy.onnx_export import export_onnx
     from effvision.deploy.runtime import onnx_predictor
     from effvision.models import create_model
 
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     shape = [3, 4, 32, 32]
     model = create_model(name, num_classes=5, input_size=shape).eval()
     onnx_file = export_onnx(model, tmp_path / "m.onnx", shape)
     int8 = quantize_onnx(onnx_file, tmp_path / "m.int8.onnx", [(torch.randn(2, *shape), None)])
     out = onnx_predictor(int8)(torch.randn(3, *shape).numpy())
-    assert out.shape == (3, 5) and np.isfinite(out).all()
+    assert out.shape == (3, 5) and np.isfinite(out).all() and not list(cwd.iterdir())
 
 
 def test_single_frame_model_is_the_same_backbone_with_one_frame():
@@ -214,13 +244,13 @@ def test_views_average_clips_and_crops(tmp_path, monkeypatch):
     monkeypatch.setattr("effvision.data.get_card", lambda name: card)
     bundle = load_dataset(_video_config(_video_tree(tmp_path, bad=False)))
     views = ViewsDataset(bundle.val, clips=2, crops=3, size=24, mean=card.mean, std=card.std)
-    x, y = views[0]
-    assert x.shape == (6, 3, 4, 24, 24)
+    x, y, decoded = views[0]
+    assert x.shape == (6, 3, 4, 24, 24) and decoded == 2 * 4  # two 4-frame TSN clips, nothing decoded besides
     assert not torch.equal(x[0], x[2])  # left and right crops differ
     seen = []
-    acc = views_accuracy(lambda v: seen.append(len(v)) or torch.nn.functional.one_hot(torch.zeros(len(v), dtype=torch.long), 2).float(),
+    acc, frames_per_video = views_accuracy(lambda v: seen.append(len(v)) or torch.nn.functional.one_hot(torch.zeros(len(v), dtype=torch.long), 2).float(),
                          DataLoader(views, batch_size=2))
-    assert seen == [12] and acc == 0.5  # both val videos, 6 views each; class 0 is right for one of two
+    assert seen == [12] and acc == 0.5 and frames_per_video == 8  # both val videos, 6 views each; class 0 is right for one of two
 
 
 def test_data_inspect_reports_videos(clip_file, tmp_path, capsys):
@@ -290,4 +320,5 @@ def test_video_recipe_runs_every_stage(tmp_path, monkeypatch):
     assert stages["quantize"]["evaluated_with"] == "onnxruntime" and stages["prune"]["macs"] < stages["baseline"]["macs"]
     views = stages["evaluate"]
     assert views["views"] == 6 and views["evaluated_with"] == "onnxruntime" and views["macs_per_video"] == 6 * stages["quantize"]["macs"]
+    assert views["frames_decoded_per_clip"] == 4 and report["dataset"]["sampler"] == "tsn" and report["dataset"]["frames_per_clip"] == 4
     assert "2 clips x 3 crops" in (tmp_path / "run/report.md").read_text()

@@ -47,10 +47,16 @@ def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning
 
     model = model.cpu().eval()
     example = torch.zeros(1, *input_shape(model))
+    # torch-pruning follows channels through autograd: frozen per-channel parameters (a temporal
+    # shift's direction masks) must be traced too, or they would keep their old width.
+    frozen = {n for n, q in model.named_parameters() if not q.requires_grad}
+    for q in model.parameters():
+        q.requires_grad_(True)
     ignored = [m for m in [classifier_of(model)] if m is not None] + list(match_layers(model, ignore or []).values())
     per_layer = {m: r for pat, r in (layer_ratios or {}).items() for m in match_layers(model, [pat]).values()}
     pruner = tp.pruner.MetaPruner(model, example, importance=_importance(importance), pruning_ratio=ratio, global_pruning=global_pruning,
-                                  pruning_ratio_dict=per_layer or None, ignored_layers=ignored, round_to=round_to, iterative_steps=iterative_steps)
+                                  pruning_ratio_dict=per_layer or None, ignored_layers=ignored, round_to=round_to, iterative_steps=iterative_steps,
+                                  unwrapped_parameters=_channel_parameters(model) or None)
     # Nested classifiers too (a video model's 2D backbone): each keeps its cached widths in step.
     owners = [m for m in model.modules() if hasattr(m, "reset_classifier")] or [model]
     widths_before = [(m, _head_widths(m)) for m in owners]
@@ -59,9 +65,17 @@ def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning
             _accumulate_gradients(model, calib_loader)
         pruner.step()
     model.zero_grad(set_to_none=True)
+    for n, q in model.named_parameters():  # pruned parameters are new objects: freeze them again by name
+        q.requires_grad_(n not in frozen)
     for owner, before in widths_before:
         _sync_cached_widths(owner, before)
     return model
+
+
+def _channel_parameters(model: nn.Module) -> list[tuple[nn.Parameter, int]]:
+    """(parameter, channel dim) of modules that declare per-channel parameters outside standard
+    layers (`channel_parameters()`), so torch-pruning prunes them without guessing the dim."""
+    return [pd for m in model.modules() if hasattr(m, "channel_parameters") for pd in m.channel_parameters()]
 
 
 def _head_widths(model: nn.Module) -> list[int | None]:

@@ -61,7 +61,10 @@ def quantize_onnx(src: str | Path, dst: str | Path, calib_loader, method: str = 
     with tempfile.TemporaryDirectory() as tmp:
         pre = Path(tmp) / "pre.onnx"
         logging.getLogger("root").setLevel(logging.ERROR)
-        with contextlib.redirect_stdout(io.StringIO()):
+        src = Path(src).resolve()
+        # chdir: a failed symbolic inference leaves sym_shape_infer_temp.onnx and its tensors in
+        # the working directory; keep them in the temporary one.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.chdir(tmp):
             try:
                 quant_pre_process(str(src), str(pre), skip_symbolic_shape=False)
             except Exception as exc:  # noqa: BLE001  (ORT raises a bare Exception here)
@@ -71,10 +74,11 @@ def quantize_onnx(src: str | Path, dst: str | Path, calib_loader, method: str = 
                     raise
                 quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
 
-            def write(out: Path) -> None:
+        def write(out: Path) -> None:
+            with contextlib.redirect_stdout(io.StringIO()):
                 quantize_static(str(pre), str(out), _Reader(calib_loader, input_name), quant_format=QuantFormat.QDQ,
                                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel, reduce_range=reduce_range,
                                 calibrate_method=getattr(CalibrationMethod, CALIBRATION[method]),
                                 nodes_to_exclude=exclude or [], extra_options={"CalibTensorRangeSymmetric": False})
 
-            return atomic_write(dst, write)
+        return atomic_write(dst, write)

@@ -60,8 +60,11 @@ class DatasetBundle:
         return [b for r in seen.values() for b in r.bad]
 
     def summary(self) -> dict[str, Any]:
-        return {"name": self.name, "modality": self.modality, "train_size": len(self.train), "val_size": len(self.val),
-                "num_classes": self.num_classes, "bad_samples": len(self.bad_samples)}
+        out = {"name": self.name, "modality": self.modality, "train_size": len(self.train), "val_size": len(self.val),
+               "num_classes": self.num_classes, "bad_samples": len(self.bad_samples)}
+        if self.modality == "video":
+            out.update(sampler=self.config.sampler or self.card.sampler, frames_per_clip=self.input_size[1])
+        return out
 
     def train_loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> DataLoader:
         bs = batch_size or self.config.batch_size
@@ -82,7 +85,7 @@ class DatasetBundle:
     def train_tf(self):
         c = self.card
         if self.modality == "video":
-            return video_train_transform(c.image_size, c.mean, c.std, c.hflip)
+            return video_train_transform(c.image_size, c.mean, c.std, c.hflip, c.train_crop)
         return train_transform(c.image_size, c.mean, c.std, c.hflip, c.train_crop)
 
     @property

@@ -7,6 +7,7 @@ that opens but fails to decode later is handled the same way when it is read."""
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -83,8 +84,6 @@ class VideoDataset(torch.utils.data.Dataset):
         self.on_bad_sample = on_bad_sample
         self.report = ScanReport(total=len(entries))
         self.samples: list[tuple[Path, int]] = []
-        self.frames_decoded = 0  # over every clip read so far (this process)
-        self.clips_read = 0
         for path, label in (progress or (lambda it, **_: it))(entries, description="opening videos"):
             try:
                 open_video(path, None, backend)
@@ -97,10 +96,12 @@ class VideoDataset(torch.utils.data.Dataset):
         self.targets = [label for _, label in self.samples]
         self.transform = None
 
-    def _bad(self, path: Path, exc: Exception) -> None:
+    def _bad(self, path: Path, exc: Exception, decoding: bool = False) -> None:
         if self.on_bad_sample == "fail":
             raise EffvisionError(f"{exc} (set data.on_bad_sample=skip to skip such files)") from None
         self.report.bad.append((str(path), str(exc)))
+        if decoding:  # said at once: a loader worker's own count never reaches the run's report
+            print(f"skipped a video that failed to decode: {exc}", file=sys.stderr)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -108,17 +109,19 @@ class VideoDataset(torch.utils.data.Dataset):
     def clip(self, i: int, position: float = 0.5) -> torch.Tensor:
         """The clip of sample i as uint8 (T, 3, H, W); a file that fails to decode is recorded and
         the next sample stands in (skip), or the error names it (fail)."""
+        return self.read(i, position)[0]
+
+    def read(self, i: int, position: float = 0.5) -> tuple[torch.Tensor, int]:
+        """clip(i, position) and the frames decoded to make it (what the sampler cost)."""
         for k in range(len(self.samples)):
             path, _ = self.samples[(i + k) % len(self.samples)]
             rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())) if self.train else i)
             try:
                 c = self.sampler.clip(path, self.short_side, self.train, rng, self.backend, position)
             except VideoError as exc:
-                self._bad(path, exc)
+                self._bad(path, exc, decoding=True)
                 continue
-            self.frames_decoded += c.decoded
-            self.clips_read += 1
-            return torch.from_numpy(np.ascontiguousarray(c.frames)).permute(0, 3, 1, 2)
+            return torch.from_numpy(np.ascontiguousarray(c.frames)).permute(0, 3, 1, 2), c.decoded
         raise EffvisionError("no video of the dataset could be decoded")
 
     def __getitem__(self, i: int):

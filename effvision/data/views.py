@@ -27,7 +27,7 @@ class ViewsDataset(torch.utils.data.Dataset):
             raise EffvisionError(f"views: clips must be >= 1 and crops 1 or 3, got clips={clips}, crops={crops}")
         self.indices = list(videos.indices) if isinstance(videos, torch.utils.data.Subset) else list(range(len(videos)))
         self.videos = videos.dataset if isinstance(videos, torch.utils.data.Subset) else videos
-        if not hasattr(self.videos, "clip"):
+        if not hasattr(self.videos, "read"):
             raise EffvisionError("test-time views (clips, crops) apply to video datasets")
         self.clips, self.crops, self.size = clips, crops, size
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
@@ -39,9 +39,10 @@ class ViewsDataset(torch.utils.data.Dataset):
     def __getitem__(self, k: int):
         from torchvision.transforms.v2 import functional as TF
 
-        i, views = self.indices[k], []
+        i, views, decoded = self.indices[k], [], 0
         for j in range(self.clips):
-            clip = self.videos.clip(i, position=(j + 0.5) / self.clips)  # uint8 (T, 3, H, W) at the decoded short side
+            clip, n = self.videos.read(i, position=(j + 0.5) / self.clips)  # uint8 (T, 3, H, W) at the decoded short side
+            decoded += n
             clip = TF.resize(clip, self.size, antialias=True) if min(clip.shape[-2:]) < self.size else clip
             clip = (clip.float() / 255 - self.mean) / self.std
             h, w = clip.shape[-2:]
@@ -49,17 +50,19 @@ class ViewsDataset(torch.utils.data.Dataset):
             for off in crop_offsets(h if tall else w, self.size, self.crops):
                 top, left = (off, (w - self.size) // 2) if tall else ((h - self.size) // 2, off)
                 views.append(clip[..., top:top + self.size, left:left + self.size].transpose(0, 1))
-        return torch.stack(views), self.videos.targets[i]
+        return torch.stack(views), self.videos.targets[i], decoded
 
 
-def views_accuracy(predict, loader) -> float:
-    """Top-1 of the class probabilities averaged over every view of a video."""
-    correct = total = 0
-    for x, y in loader:
+def views_accuracy(predict, loader) -> tuple[float, float]:
+    """Top-1 of the class probabilities averaged over every view of a video, and the frames
+    decoded per video to get them."""
+    correct = total = decoded = 0
+    for x, y, frames in loader:
         b, v = x.shape[:2]
         logits = predict(x.flatten(0, 1))
         logits = torch.as_tensor(np.asarray(logits.detach().cpu() if isinstance(logits, torch.Tensor) else logits))
         probs = logits.float().softmax(-1).reshape(b, v, -1).mean(1)
         correct += int((probs.argmax(1) == torch.as_tensor(y)).sum())
         total += b
-    return correct / max(total, 1)
+        decoded += int(torch.as_tensor(frames).sum())
+    return correct / max(total, 1), decoded / max(total, 1)

@@ -69,12 +69,13 @@ def run_evaluate(ctx, cfg: EvaluateConfig) -> StageResult:
     loader = DataLoader(dataset, batch_size=max(1, ctx.data.config.eval_batch_size // views), num_workers=ctx.data.config.num_workers)
     predict, runtime = (onnx_predictor(ctx.onnx), "onnxruntime") if ctx.onnx else (torch_predictor(ctx.model, ctx.device), "torch")
     start = time.perf_counter()
-    acc = views_accuracy(predict, loader)
+    acc, frames_per_video = views_accuracy(predict, loader)
     seconds = time.perf_counter() - start
     shipped = next(r for r in reversed(ctx.records) if {"onnx", "model"} & set(r["artifacts"]))
     metrics = {k: shipped.get(k) for k in ("params", "macs", "size_bytes")}
     metrics.update(accuracy=acc, evaluated_with=runtime, artifact_of=shipped["name"], time_to_accuracy_s=None, clips=cfg.clips,
                    crops=cfg.crops, views=views, macs_per_video=(shipped.get("macs") or 0) * views,
+                   frames_decoded_per_video=round(frames_per_video, 2), frames_decoded_per_clip=round(frames_per_video / cfg.clips, 2),
                    ms_per_video=round(1000 * seconds / max(1, len(dataset)), 2))
     return StageResult(metrics, {})
 

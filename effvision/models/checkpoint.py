@@ -54,13 +54,10 @@ def _read(path: str | Path) -> dict:
 
 
 def _resize(model: nn.Module, layers: dict[str, dict], state: dict) -> None:
-    """Give every pruned layer the sizes and parameter shapes recorded in the checkpoint."""
-    modules = dict(model.named_modules())
-    for name, attrs in layers.items():
-        m = modules.get(name)
-        if m is None:
-            continue
-        for k, v in attrs.items():
+    """Give every pruned layer the sizes and parameter shapes recorded in the checkpoint (every
+    module's tensors, so custom modules with per-channel parameters follow too)."""
+    for name, m in model.named_modules():
+        for k, v in layers.get(name, {}).items():
             setattr(m, k, tuple(v) if isinstance(v, list) else v)
         for pname, p in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
             key = f"{name}.{pname}" if name else pname

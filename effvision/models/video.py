@@ -21,28 +21,33 @@ class TemporalShift(nn.Module):
     """Shift channels [0, c/fold_div) one frame back in time and [c/fold_div, 2c/fold_div) one
     frame forward; the rest stay. Input (B*T, C, H, W), T fixed.
 
-    Written as rolls along the batch axis times 0/1 masks (built from the shapes at run time)
-    rather than channel slices and concatenation: the same result, but structured pruning sees
-    only element-wise ops, so it prunes through the shift, and a pruned network shifts its own
-    channel count. The time masks zero what a roll carries across clip boundaries (TSM's zero
-    padding)."""
+    Written as rolls along the batch axis times 0/1 masks rather than channel slices and
+    concatenation: the same result, but structured pruning sees only element-wise ops. The
+    per-channel masks are frozen parameters, so pruning removes a channel's mask entry with the
+    channel and every kept channel keeps the direction it was trained with. The time masks zero
+    what a roll carries across clip boundaries (TSM's zero padding)."""
 
-    def __init__(self, num_frames: int, fold_div: int = 8):
+    def __init__(self, num_frames: int, channels: int, fold_div: int = 8):
         super().__init__()
         self.num_frames, self.fold_div = num_frames, fold_div
+        fold, ch = channels // fold_div, torch.arange(channels)
+        self.back = nn.Parameter((ch < fold).float().view(1, channels, 1, 1), requires_grad=False)
+        self.ahead = nn.Parameter(((ch >= fold) & (ch < 2 * fold)).float().view(1, channels, 1, 1), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        nt, c = x.shape[0], x.shape[1]
-        fold = c // self.fold_div
+        nt = x.shape[0]
         t = torch.arange(nt, device=x.device) % self.num_frames
-        ch = torch.arange(c, device=x.device)
-        back = ((t < self.num_frames - 1)[:, None] & (ch < fold)[None]).to(x.dtype).view(nt, c, 1, 1)
-        forward = ((t > 0)[:, None] & (ch >= fold)[None] & (ch < 2 * fold)[None]).to(x.dtype).view(nt, c, 1, 1)
-        keep = (ch >= 2 * fold).to(x.dtype).view(1, c, 1, 1)
-        return x * keep + torch.roll(x, -1, 0) * back + torch.roll(x, 1, 0) * forward
+        has_next = (t < self.num_frames - 1).to(x.dtype).view(nt, 1, 1, 1)
+        has_prev = (t > 0).to(x.dtype).view(nt, 1, 1, 1)
+        back, ahead = self.back.to(x.dtype), self.ahead.to(x.dtype)
+        return x * (1 - back - ahead) + torch.roll(x, -1, 0) * (back * has_next) + torch.roll(x, 1, 0) * (ahead * has_prev)
+
+    def channel_parameters(self) -> list[tuple[nn.Parameter, int]]:
+        """Per-channel parameters and their channel dim, for structured pruning."""
+        return [(self.back, 1), (self.ahead, 1)]
 
     def extra_repr(self) -> str:
-        return f"num_frames={self.num_frames}, fold_div={self.fold_div}"
+        return f"num_frames={self.num_frames}, channels={self.back.shape[1]}, fold_div={self.fold_div}"
 
 
 def _residual_blocks(backbone: nn.Module):
@@ -62,7 +67,8 @@ def insert_temporal_shift(backbone: nn.Module, num_frames: int, fold_div: int = 
     """Put a TemporalShift before the first conv of every residual branch; returns how many."""
     count = 0
     for block, name in list(_residual_blocks(backbone)):
-        setattr(block, name, nn.Sequential(TemporalShift(num_frames, fold_div), getattr(block, name)))
+        conv = getattr(block, name)
+        setattr(block, name, nn.Sequential(TemporalShift(num_frames, conv.in_channels, fold_div), conv))
         count += 1
     if not count:
         raise EffvisionError(f"TSM: no residual blocks to shift in {type(backbone).__name__} (use a ResNet or MobileNet-style backbone, or tsn)")
