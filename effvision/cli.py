@@ -79,12 +79,14 @@ def zoo_show(name: str = typer.Argument(..., help="A card name from `effvision z
 # ----------------------------------------------------------------------------- data
 @data_app.command("inspect")
 def data_inspect(path: Path = typer.Argument(..., help="A file, a folder or a .zip."),
-                 as_json: bool = typer.Option(False, "--json", help="Print one JSON object per file (a list).")):
+                 as_json: bool = typer.Option(False, "--json", help="Print one JSON object per file (a list)."),
+                 bin_width: Optional[int] = typer.Option(None, "--bin-width", min=3,
+                                                         help="float32 values per record of raw LiDAR .bin files (KITTI 4, nuScenes 5, ScanNet 6); default: by convention")):
     """Decode every file under PATH and report one status per file."""
     from .data.inspect import inspect_path
     from .progress import track
 
-    results = inspect_path(path, progress=track)
+    results = inspect_path(path, progress=track, bin_width=bin_width)
     if as_json:
         print(json.dumps(results, indent=2))
         return
@@ -98,6 +100,9 @@ def data_inspect(path: Path = typer.Argument(..., help="A file, a folder or a .z
 def _details(r: dict) -> str:
     if r.get("frames") is not None:
         return f"{r['frames']} frames, {r['fps']:g} fps, {r['backend']}"
+    if r.get("points") is not None:
+        what = f"mesh: {r['points']} vertices, {r['faces']} faces" if r.get("mesh") else f"{r['points']} points"
+        return f"{what}, {r['channels']} channels" + (f", read as {r['bin_width']} floats per record" if r.get("bin_width") else "")
     return ""
 
 

@@ -54,3 +54,38 @@ def test_bad_point_files_name_the_file(tmp_path):
     (tmp_path / "x.abc").write_text("1")
     with pytest.raises(PointCloudError, match="unknown point-cloud format"):
         read_points(tmp_path / "x.abc")
+
+
+def test_data_inspect_reports_points_and_meshes(tmp_path, capsys):
+    import json
+
+    from effvision.cli import main
+
+    (tmp_path / "m.off").write_text("OFF4 2 0\n0 0 0\n1 0 0\n0 1 0\n0 0 1\n3 0 1 2\n3 0 1 3\n")
+    (tmp_path / "empty.pcd").write_bytes(b"")
+    np.arange(24, dtype=np.float32).tofile(tmp_path / "scan.bin")
+    assert main(["data", "inspect", str(tmp_path), "--json", "--bin-width", "6"]) == 0
+    rows = {Path(r["path"]).name: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["m.off"]["ok"] and rows["m.off"]["mesh"] and rows["m.off"]["points"] == 4 and rows["m.off"]["faces"] == 2
+    assert rows["scan.bin"]["shape"] == [4, 6] and rows["scan.bin"]["kind"] == "points"
+    assert not rows["empty.pcd"]["ok"] and rows["empty.pcd"]["error"] == "empty file"
+
+
+def test_point_samplers_keep_n_points_and_report_bytes():
+    from effvision.data.point_samplers import farthest_point_indices, get_point_sampler, normalize_unit_sphere
+    from effvision.errors import EffvisionError
+
+    rng = np.random.default_rng(0)
+    cloud = np.concatenate([rng.normal(0, 0.01, (500, 3)), [[5, 0, 0], [-5, 0, 0], [0, 5, 0]]]).astype(np.float32)
+    assert set(farthest_point_indices(cloud, 4).tolist()) >= {500, 501, 502}  # far points come first
+    for name in ("fps", "random", "uniform", "voxel"):
+        out = get_point_sampler(name, 64)(cloud, train=True, rng=rng)
+        assert out.points.shape == (64, 3) and out.kept <= 64 and out.bytes_kept == out.kept * 12
+    few = get_point_sampler("fps", 16)(cloud[:5])
+    assert few.points.shape == (16, 3) and few.kept == 5  # repeats to fill
+    unit = normalize_unit_sphere(cloud * 10 + 3)
+    assert np.allclose(unit.mean(0), 0, atol=1e-5) and np.isclose(np.linalg.norm(unit, axis=1).max(), 1)
+    with pytest.raises(EffvisionError, match="fps"):
+        get_point_sampler("fsp")
+    with pytest.raises(EffvisionError, match="voxel_size"):
+        get_point_sampler("voxel", 8, voxel=0.1)

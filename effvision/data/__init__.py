@@ -11,7 +11,7 @@ from ..errors import EffvisionError
 from ..progress import track
 from ..recipe import DataConfig
 from ..registry import DATASETS
-from . import builtin, frame_samplers, videos  # noqa: F401  (register the readers and samplers)
+from . import builtin, frame_samplers, point_samplers, videos  # noqa: F401  (register the readers and samplers)
 from .cards import DatasetCard, get_card
 from .transforms import eval_transform, train_transform, video_eval_transform, video_train_transform
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from ..errors import EffvisionError
 from .images import IMAGE_EXTS, FileSource, decode_image, is_image
+from .point_io import POINT_EXTS, PointCloudError, is_point_file
 from .video_io import VIDEO_EXTS, VideoError, is_video, open_video
 
 
@@ -28,13 +29,29 @@ def inspect_video(source: FileSource, name: str) -> dict:
     return _status(where, "video", [h, w, c], frames=n, fps=round(video.fps, 3), backend=video.backend)
 
 
-def inspect_one(source: FileSource, name: str) -> dict:
+def inspect_points(source: FileSource, name: str, bin_width: int | None = None) -> dict:
+    """Points (a mesh's vertices and faces) and channels of a point-cloud or mesh file."""
+    from .point_io import describe
+
+    where = source.where(name)
+    if source.is_zip:
+        return _status(where, "points", error="point clouds inside a .zip are not read; extract the archive")
+    try:
+        info = describe(source.path / name, bin_width)
+    except PointCloudError as exc:
+        return _status(where, "points", error=str(exc).replace(f"{source.path / name}: ", ""))
+    return _status(where, "points", [info["points"], info["channels"]], **info)
+
+
+def inspect_one(source: FileSource, name: str, bin_width: int | None = None) -> dict:
     where = source.where(name)
     if is_video(name):
         return inspect_video(source, name)
+    if is_point_file(name):
+        return inspect_points(source, name, bin_width)
     if not is_image(name):
-        known = sorted(e[1:] for e in IMAGE_EXTS | VIDEO_EXTS)
-        return _status(where, error=f"unsupported file type (images and videos: {', '.join(known)})")
+        known = sorted(e[1:] for e in IMAGE_EXTS | VIDEO_EXTS | POINT_EXTS)
+        return _status(where, error=f"unsupported file type (images, videos and point clouds: {', '.join(known)})")
     try:
         img = decode_image(source.read(name))
     except Exception as exc:  # noqa: BLE001
@@ -43,12 +60,14 @@ def inspect_one(source: FileSource, name: str) -> dict:
     return _status(where, "image", [h, w, c])
 
 
-def inspect_path(path: str | Path, progress=None) -> list[dict]:
+def inspect_path(path: str | Path, progress=None, bin_width: int | None = None) -> list[dict]:
+    """One status per file; `bin_width` is the float32 values per record of raw LiDAR .bin files
+    (default: a guess by convention, see point_io.guess_bin_width)."""
     path = Path(path)
     if not path.exists():
         raise EffvisionError(f"path not found: {path}")
-    if path.is_file() and (is_image(path.name) or is_video(path.name)):
-        return [inspect_one(FileSource(path.parent), path.name)]
+    if path.is_file() and (is_image(path.name) or is_video(path.name) or is_point_file(path.name)):
+        return [inspect_one(FileSource(path.parent), path.name, bin_width)]
     source = FileSource(path)
     names = source.names()
-    return [inspect_one(source, n) for n in (progress or (lambda it, **_: it))(names, description=f"inspecting {path.name}")]
+    return [inspect_one(source, n, bin_width) for n in (progress or (lambda it, **_: it))(names, description=f"inspecting {path.name}")]

@@ -172,3 +172,33 @@ def read_points(path: str | Path, mesh_points: int = 2048, bin_width: int = 4, s
     if not len(points):
         raise PointCloudError(f"{path}: no finite points")
     return np.ascontiguousarray(points, dtype=np.float32)
+
+
+def guess_bin_width(path: Path) -> int:
+    """A convention, not a measurement: nuScenes `.pcd.bin` files are 5 wide, others KITTI's 4
+    when it divides the file, else 5 or 6. ScanNet/SUN RGB-D files (6 wide) often divide by 4
+    too: say the width (`--bin-width`, a card's `bin_width`) for them."""
+    size = path.stat().st_size
+    if path.name.endswith(".pcd.bin") and size % 20 == 0:
+        return 5
+    return next((w for w in (4, 5, 6) if size and size % (4 * w) == 0), 4)
+
+
+def describe(path: str | Path, bin_width: int | None = None) -> dict:
+    """What `data inspect` says of a point-cloud or mesh file: points (or a mesh's vertices and
+    faces) and channels; raises PointCloudError."""
+    path = Path(path)
+    ext = path.suffix.lower()
+    width = bin_width or (guess_bin_width(path) if ext == ".bin" and path.is_file() else 4)
+    points = read_points(path, mesh_points=1, bin_width=width)
+    info = {"points": len(points), "channels": int(points.shape[1])}
+    if ext == ".bin":
+        info["bin_width"] = width
+    if ext == ".off":
+        verts, faces = read_off(path)
+        info.update(points=len(verts), mesh=True, faces=len(faces))
+    elif ext in (".obj", ".stl", ".ply"):
+        mesh = _open3d().io.read_triangle_mesh(str(path))
+        if len(mesh.triangles):
+            info.update(points=len(mesh.vertices), mesh=True, faces=len(mesh.triangles))
+    return info

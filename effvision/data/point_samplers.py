@@ -1,0 +1,133 @@
+"""Downsampling for point clouds (registered in SAMPLERS): which points of a cloud a model sees.
+Fewer points is data compression for points; each sampler reports the points and bytes it kept.
+
+- fps: farthest-point sampling to N points (PointNet++'s choice: even coverage of the shape).
+- voxel: one point per occupied voxel of `voxel_size` (open3d's voxel grid), then N of those.
+- random: N points drawn uniformly without replacement.
+- uniform: N points at evenly spaced indices (cheap; follows the file's point order).
+
+Every sampler returns exactly N points (repeating points when a cloud has fewer), so clouds batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import EffvisionError
+from ..registry import SAMPLERS, suggest
+
+
+@dataclass
+class Sampled:
+    points: np.ndarray  # (num_points, C) float32
+    kept: int  # distinct input points kept
+    bytes_kept: int
+
+
+def farthest_point_indices(xyz: np.ndarray, k: int, start: int = 0) -> np.ndarray:
+    """Indices of k points, each the farthest from those already chosen (O(N k), vectorised per step)."""
+    n = len(xyz)
+    k = min(k, n)
+    chosen = np.empty(k, dtype=np.int64)
+    dist = np.full(n, np.inf, dtype=np.float64)
+    current = start
+    for i in range(k):
+        chosen[i] = current
+        dist = np.minimum(dist, ((xyz - xyz[current]) ** 2).sum(axis=1))
+        current = int(dist.argmax())
+    return chosen
+
+
+def _fill(points: np.ndarray, idx: np.ndarray, n: int, rng: np.random.Generator) -> Sampled:
+    """Exactly n points from the chosen indices, repeating random ones when there are fewer."""
+    kept = len(idx)
+    if kept < n:
+        idx = np.concatenate([idx, rng.choice(idx, n - kept)])
+    out = np.ascontiguousarray(points[idx[:n]], dtype=np.float32)
+    return Sampled(out, min(kept, n), int(min(kept, n) * points.shape[1] * 4))
+
+
+class PointSampler:
+    modality = "points"
+
+    def __init__(self, num_points: int = 1024):
+        if num_points < 1:
+            raise EffvisionError(f"num_points must be at least 1, got {num_points}")
+        self.num_points = num_points
+
+    def indices(self, points: np.ndarray, train: bool, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+    def __call__(self, points: np.ndarray, train: bool = False, rng: np.random.Generator | None = None) -> Sampled:
+        rng = rng or np.random.default_rng(0)
+        return _fill(points, self.indices(points, train, rng), self.num_points, rng)
+
+
+@SAMPLERS.register("fps")
+class FarthestPointSampler(PointSampler):
+    """Farthest-point sampling; a random start point in training, the first point otherwise."""
+
+    def indices(self, points, train, rng):
+        start = int(rng.integers(len(points))) if train else 0
+        return farthest_point_indices(points[:, :3].astype(np.float64), self.num_points, start)
+
+
+@SAMPLERS.register("random")
+class RandomPointSampler(PointSampler):
+    """Uniformly random points (a fixed draw per cloud outside training)."""
+
+    def indices(self, points, train, rng):
+        return rng.choice(len(points), min(self.num_points, len(points)), replace=False)
+
+
+@SAMPLERS.register("uniform")
+class UniformPointSampler(PointSampler):
+    """Evenly spaced indices through the cloud's point order."""
+
+    def indices(self, points, train, rng):
+        n = len(points)
+        return np.linspace(0, n - 1, min(self.num_points, n)).round().astype(np.int64)
+
+
+@SAMPLERS.register("voxel")
+class VoxelPointSampler(PointSampler):
+    """One original point per occupied voxel (the first in file order; open3d's
+    voxel_down_sample would average each voxel into a new point), then num_points of those at
+    random. voxel_size in the cloud's units (0.02-0.05 suits shapes in the unit sphere)."""
+
+    def __init__(self, num_points: int = 1024, voxel_size: float = 0.03):
+        super().__init__(num_points)
+        if voxel_size <= 0:
+            raise EffvisionError(f"voxel_size must be positive, got {voxel_size}")
+        self.voxel_size = voxel_size
+
+    def indices(self, points, train, rng):
+        cells = np.floor(points[:, :3] / self.voxel_size).astype(np.int64)
+        _, first = np.unique(cells, axis=0, return_index=True)
+        return rng.choice(first, self.num_points, replace=False) if len(first) > self.num_points else first
+
+
+def get_point_sampler(name: str, num_points: int = 1024, **options) -> PointSampler:
+    """A point-cloud sampler by name; unknown names and options list the valid ones."""
+    names = [n for n in SAMPLERS.names() if getattr(SAMPLERS.get(n), "modality", None) == "points"]
+    if name not in names:
+        raise EffvisionError(suggest(name, names, "point sampler"))
+    cls = SAMPLERS.get(name)
+    try:
+        return cls(num_points=num_points, **options)
+    except TypeError:
+        import inspect
+
+        allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "num_points")]
+        raise EffvisionError(f"sampler '{name}' takes {', '.join(allowed) or 'no options'} besides num_points; got {', '.join(options)}") from None
+
+
+def normalize_unit_sphere(points: np.ndarray) -> np.ndarray:
+    """Centre xyz on the centroid and scale into the unit sphere (other channels untouched)."""
+    out = points.astype(np.float32, copy=True)
+    out[:, :3] -= out[:, :3].mean(axis=0)
+    radius = float(np.sqrt((out[:, :3] ** 2).sum(axis=1)).max())
+    if radius > 0:
+        out[:, :3] /= radius
+    return out
