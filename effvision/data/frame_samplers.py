@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EffvisionError
-from ..registry import SAMPLERS, suggest
+from ..registry import SAMPLERS
+from .samplers import make_sampler
 from .video_io import Video, VideoError, open_video
 
 
@@ -135,14 +136,4 @@ class MotionSampler(FrameSampler):
 
 def get_sampler(name: str, num_frames: int = 8, **options) -> FrameSampler:
     """A video frame sampler by name; unknown names and options list the valid ones."""
-    video = [n for n in SAMPLERS.names() if getattr(SAMPLERS.get(n), "modality", None) == "video"]
-    if name not in video:
-        raise EffvisionError(suggest(name, video, "video sampler"))
-    cls = SAMPLERS.get(name)
-    try:
-        return cls(num_frames=num_frames, **options)
-    except TypeError:
-        import inspect
-
-        allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "num_frames")]
-        raise EffvisionError(f"sampler '{name}' takes {', '.join(allowed) or 'no options'} besides num_frames; got {', '.join(options)}") from None
+    return make_sampler(name, "video", {"num_frames": num_frames}, options)

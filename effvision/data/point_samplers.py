@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EffvisionError
-from ..registry import SAMPLERS, suggest
+from ..registry import SAMPLERS
+from .samplers import make_sampler
 
 
 @dataclass
@@ -110,17 +111,7 @@ class VoxelPointSampler(PointSampler):
 
 def get_point_sampler(name: str, num_points: int = 1024, **options) -> PointSampler:
     """A point-cloud sampler by name; unknown names and options list the valid ones."""
-    names = [n for n in SAMPLERS.names() if getattr(SAMPLERS.get(n), "modality", None) == "points"]
-    if name not in names:
-        raise EffvisionError(suggest(name, names, "point sampler"))
-    cls = SAMPLERS.get(name)
-    try:
-        return cls(num_points=num_points, **options)
-    except TypeError:
-        import inspect
-
-        allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "num_points")]
-        raise EffvisionError(f"sampler '{name}' takes {', '.join(allowed) or 'no options'} besides num_points; got {', '.join(options)}") from None
+    return make_sampler(name, "points", {"num_points": num_points}, options)
 
 
 def normalize_unit_sphere(points: np.ndarray) -> np.ndarray:
