@@ -1,0 +1,87 @@
+"""Point-cloud loader speed (BENCHMARKS.md): samples per second of read -> normalise -> FPS to N
+points (the `fps` sampler, open3d inside), and a NumPy farthest-point sampling loop against
+open3d's farthest_point_down_sample on the same clouds, alternating round by round so the ratio
+is measured side by side (the measurement that chose open3d for the sampler).
+
+    python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .point_io import POINT_EXTS, guess_bin_width, read_points
+from .point_samplers import farthest_point_indices, normalize_unit_sphere
+
+
+def numpy_fps(xyz: np.ndarray, k: int) -> np.ndarray:
+    """The textbook loop (O(N k), vectorised per step): the reference open3d is measured against."""
+    k = min(k, len(xyz))
+    chosen, dist, current = np.empty(k, dtype=np.int64), np.full(len(xyz), np.inf), 0
+    for i in range(k):
+        chosen[i] = current
+        dist = np.minimum(dist, ((xyz - xyz[current]) ** 2).sum(axis=1))
+        current = int(dist.argmax())
+    return chosen
+
+
+def _width(path: Path) -> int:
+    return {"nuscenes": 5, "scannet": 6, "sunrgbd": 6}.get(path.name.split("__")[0], guess_bin_width(path)) if path.suffix == ".bin" else 4
+
+
+def measure(files: list[Path], points: int, rounds: int) -> dict:
+    clouds = {f: read_points(f, bin_width=_width(f)) for f in files}
+    fps_rows = []
+    for f, cloud in clouds.items():
+        xyz = cloud[:, :3].astype(np.float64)
+        numpy_s, open3d_s = [], []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            numpy_fps(xyz, points)
+            numpy_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            farthest_point_indices(xyz, points)
+            open3d_s.append(time.perf_counter() - t)
+        fps_rows.append({"file": f.name, "points_in": len(cloud), "numpy_ms": 1000 * statistics.median(numpy_s),
+                         "open3d_ms": 1000 * statistics.median(open3d_s)})
+    loader = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for f in files:
+            cloud = normalize_unit_sphere(read_points(f, bin_width=_width(f)))
+            cloud[farthest_point_indices(cloud[:, :3].astype(np.float64), points)]
+        loader.append(len(files) / (time.perf_counter() - t))
+    return {"points": points, "rounds": rounds, "files": len(files), "fps": fps_rows,
+            "loader_samples_per_s": statistics.median(loader), "loader_rounds": loader}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root", type=Path)
+    ap.add_argument("--points", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    files = sorted(p for p in args.root.rglob("*") if p.is_file() and p.suffix.lower() in POINT_EXTS)
+    if not files:
+        print(f"no point-cloud files under {args.root}", file=sys.stderr)
+        return 1
+    result = measure(files, args.points, args.rounds)
+    print("| file | points | NumPy FPS ms | open3d FPS ms |\n|---|---|---|---|")
+    for r in result["fps"]:
+        print(f"| {r['file'][:40]} | {r['points_in']} | {r['numpy_ms']:.1f} | {r['open3d_ms']:.1f} |")
+    print(f"loader (read, normalise, FPS to {args.points}): {result['loader_samples_per_s']:.1f} samples/s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
