@@ -48,7 +48,10 @@ def inspect_one(source: FileSource, name: str, bin_width: int | None = None) -> 
     if is_video(name):
         return inspect_video(source, name)
     if is_point_file(name):
-        return inspect_points(source, name, bin_width)
+        status = inspect_points(source, name, bin_width)
+        if status["ok"] or not name.lower().endswith(".txt"):
+            return status
+        # A .txt that is not rows of numbers is a note or a list, not a broken point cloud.
     if not is_image(name):
         known = sorted(e[1:] for e in IMAGE_EXTS | VIDEO_EXTS | POINT_EXTS)
         return _status(where, error=f"unsupported file type (images, videos and point clouds: {', '.join(known)})")
