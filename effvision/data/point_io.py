@@ -186,19 +186,18 @@ def guess_bin_width(path: Path) -> int:
 
 def describe(path: str | Path, bin_width: int | None = None) -> dict:
     """What `data inspect` says of a point-cloud or mesh file: points (or a mesh's vertices and
-    faces) and channels; raises PointCloudError."""
+    faces) and channels; raises PointCloudError. Each file is parsed once."""
     path = Path(path)
     ext = path.suffix.lower()
+    if path.is_file() and path.stat().st_size and ext in (".off", ".obj", ".stl", ".ply"):
+        if ext == ".off":
+            verts, faces = read_off(path)
+        else:
+            _check_complete(path)
+            mesh = _open3d().io.read_triangle_mesh(str(path))
+            verts, faces = np.asarray(mesh.vertices), np.asarray(mesh.triangles)
+        if len(faces):
+            return {"points": len(verts), "channels": 3, "mesh": True, "faces": len(faces)}
     width = bin_width or (guess_bin_width(path) if ext == ".bin" and path.is_file() else 4)
     points = read_points(path, mesh_points=1, bin_width=width)
-    info = {"points": len(points), "channels": int(points.shape[1])}
-    if ext == ".bin":
-        info["bin_width"] = width
-    if ext == ".off":
-        verts, faces = read_off(path)
-        info.update(points=len(verts), mesh=True, faces=len(faces))
-    elif ext in (".obj", ".stl", ".ply"):
-        mesh = _open3d().io.read_triangle_mesh(str(path))
-        if len(mesh.triangles):
-            info.update(points=len(mesh.vertices), mesh=True, faces=len(mesh.triangles))
-    return info
+    return {"points": len(points), "channels": int(points.shape[1]), **({"bin_width": width} if ext == ".bin" else {})}
