@@ -9,13 +9,14 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo test bench bench-video bench-cpu gpu-bench gpu-wheels sysdeps clean help
+.PHONY: install demo test bench bench-video bench-points bench-cpu gpu-bench gpu-wheels sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
 	@echo "make test   - install into $(VENV) (if needed) and run the test suite"
 	@echo "make bench  - slow tests and the CIFAR-10 pipeline on ../shared/datasets"
 	@echo "make bench-video - video loader speed, the video demo and its single-frame twin (BENCHMARKS.md)"
+	@echo "make bench-points - point-cloud loader and FPS speed, and the point-cloud demo (BENCHMARKS.md)"
 	@echo "make bench-cpu   - the CPU deployment benchmark (BENCHMARKS.md), about 30 min on 2 cores"
 	@echo "make gpu-bench   - the GPU deployment benchmark on one CUDA GPU, under 8 min (--out: \$$OUT or runs/bench-gpu)"
 	@echo "make gpu-wheels  - fetch the wheels gpu-bench installs on a machine without a package registry"
@@ -54,6 +55,12 @@ bench-video: $(STAMP)
 	$(BIN)/python -m effvision.data.video_loader_bench ../shared/testdata/videos --frames 8 --size 112 --rounds 5 --json runs/video-loader.json
 	$(BIN)/effvision compress compress/video-default.yaml --run-dir runs/video-default
 	$(BIN)/effvision train compress/video-default.yaml --set data.num_frames=1 --run-dir runs/video-single-frame
+
+# Points: the loader and FPS (ours = open3d's, against a NumPy loop) on the real clouds and the
+# generated shapes' cached training loader, then the point-cloud demo (BENCHMARKS.md).
+bench-points: $(STAMP)
+	$(BIN)/python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024 --rounds 3 --dataset synthetic-shapes --json runs/point-loader.json
+	$(BIN)/effvision compress compress/points-default.yaml --run-dir runs/points-default
 
 # The CPU deployment table. Trained weights come from compress/resnet18_cifar10.yaml (run first
 # when missing); the shared real images calibrate int8 and check every export's agreement.

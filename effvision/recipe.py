@@ -36,7 +36,8 @@ class DataConfig(Strict):
     max_train_samples: Optional[int] = Field(None, gt=0, description="stratified subset, for short runs")
     max_val_samples: Optional[int] = Field(None, gt=0)
     num_frames: Optional[int] = Field(None, gt=0, description="video: override the card's frames per clip")
-    sampler: Optional[str] = Field(None, description="video: override the card's frame sampler")
+    sampler: Optional[str] = Field(None, description="video/points: override the card's frame or point sampler")
+    num_points: Optional[int] = Field(None, gt=0, description="points: override the card's points per cloud")
 
 
 class ModelConfig(Strict):

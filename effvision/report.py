@@ -99,6 +99,9 @@ def to_markdown(report: dict) -> str:
     if report.get("dataset"):
         d = report["dataset"]
         out.append(f"Dataset: {d['name']} ({d['modality']}), train {d['train_size']}, val {d['val_size']}, {d.get('bad_samples', 0)} unreadable files skipped")
+        if d.get("points_per_sample"):
+            out.append(f"Points per sample: {d['points_per_sample']} kept by the {d['sampler']} sampler ({_fmt_bytes(d['bytes_per_sample'])}) "
+                       f"of {d['source_points_per_sample']:g} in the files ({_fmt_bytes(d['source_bytes_per_sample'])} on disk)")
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     for s in report["stages"]:

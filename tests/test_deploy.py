@@ -136,10 +136,9 @@ def test_onnx_exports_are_verified_and_figures_saved_beside(tmp_path, net):
 
 @needs_executorch
 def test_executorch_exports_run_and_agree(tmp_path, net):
-    _, fp32 = export_verified(net, "executorch", "fp32", tmp_path / "m.pte", SHAPE, loader(), loader(seed=1))
-    assert fp32["max_abs_diff"] < 1e-3 and fp32["top1_agreement"] == 1.0 and fp32["samples"] == 48
+    # one lowering (about 25 s on 2 cores): a fixed-batch program, checked for agreement and benchmarked
     _, fixed = export_verified(net, "executorch", "fp32", tmp_path / "b4.pte", SHAPE, loader(), loader(seed=1), batch=4)
-    assert fixed["samples"] == 48
+    assert fixed["max_abs_diff"] < 1e-3 and fixed["top1_agreement"] == 1.0 and fixed["samples"] == 48
     from effvision.deploy.executorch_export import pte_input_shape
 
     assert pte_input_shape(tmp_path / "b4.pte") == [4, *SHAPE]
@@ -206,6 +205,7 @@ def test_harness_reports_latency_memory_flops_and_share_of_peak(tmp_path, net):
     assert json.loads(paths["json"].read_text())["note"] == "test"
 
 
+@pytest.mark.slow  # inductor compiles C++ twice: about 45 s on 2 cores
 def test_torch_compile_and_pt2e_int8_on_cpu(net):
     rows = bench_model(net, SHAPE, [("torch-compile", "fp32"), ("torch-compile", "int8")], batches=(2,), device="cpu", warmup=1, repeats=3)
     assert [r["precision"] for r in rows] == ["fp32", "int8"] and rows[1]["quantization"].startswith("pt2e")
@@ -240,7 +240,7 @@ def test_cli_bench_bad_pair_and_plots(tmp_path, capsys):
     code = main(["bench", "timm:mobilenetv3_small_050", "--backend", "torch-eager", "--precision", "int8", "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1 and "supported on cpu:" in err and "onnxruntime-cpu: fp32, fp16, int8" in err
-    code = main(["bench", "timm:mobilenetv3_small_050", "--backend", "onnxruntime-cpu", "--precision", "fp32,fp16", "--batch", "1,2",
+    code = main(["bench", "cifar_resnet8", "--backend", "onnxruntime-cpu", "--precision", "fp32,fp16", "--batch", "1,2",
                  "--repeats", "3", "--warmup", "1", "--input-size", "3,32,32", "--out", str(tmp_path / "b")])
     assert code == 0, capsys.readouterr().err
     res = json.loads((tmp_path / "b/results.json").read_text())

@@ -150,17 +150,18 @@ def test_video_folder_dataset_skips_and_counts_bad_files(tmp_path, monkeypatch):
 
 
 def test_annotation_lists_text_and_csv(tmp_path):
-    from effvision.data.videos import class_names, list_entries
+    from effvision.data.layouts import class_names, list_entries
+    from effvision.data.video_io import is_video
 
     (tmp_path / "a b").mkdir()
     (tmp_path / "list.txt").write_text("# comment\nx/v1.mp4 jump\nx/v2.avi 2\na b/v3.mp4\n")
-    pairs = list_entries(tmp_path / "list.txt", tmp_path)
+    pairs = list_entries(tmp_path / "list.txt", tmp_path, is_video)
     assert [(p.name, c) for p, c in pairs] == [("v1.mp4", "jump"), ("v2.avi", "2"), ("v3.mp4", "a b")]
     (tmp_path / "list.csv").write_text("label,path\nrun,x/v1.mp4\n")
-    assert [(p.name, c) for p, c in list_entries(tmp_path / "list.csv", tmp_path)] == [("v1.mp4", "run")]
+    assert [(p.name, c) for p, c in list_entries(tmp_path / "list.csv", tmp_path, is_video)] == [("v1.mp4", "run")]
     assert class_names(["10", "2", "1"]) == ["1", "2", "10"]
     with pytest.raises(EffvisionError, match="annotation list not found"):
-        list_entries(tmp_path / "missing.txt", tmp_path)
+        list_entries(tmp_path / "missing.txt", tmp_path, is_video)
 
 
 def test_temporal_shift_moves_channel_folds_in_time():

@@ -11,8 +11,9 @@ from ..errors import EffvisionError
 from ..progress import track
 from ..recipe import DataConfig
 from ..registry import DATASETS
-from . import builtin, frame_samplers, point_samplers, videos  # noqa: F401  (register the readers and samplers)
+from . import builtin, frame_samplers, point_samplers, points, videos  # noqa: F401  (register the readers and samplers)
 from .cards import DatasetCard, get_card
+from .point_transforms import PointTrainTransform, point_eval_transform
 from .transforms import eval_transform, train_transform, video_eval_transform, video_train_transform
 
 
@@ -52,6 +53,8 @@ class DatasetBundle:
     @property
     def input_size(self) -> list[int]:
         size = self.card.image_size
+        if self.modality == "points":
+            return [self.card.channels, self.config.num_points or self.card.num_points]
         return [3, self.config.num_frames or self.card.num_frames, size, size] if self.modality == "video" else [3, size, size]
 
     @property
@@ -64,6 +67,8 @@ class DatasetBundle:
                "num_classes": self.num_classes, "bad_samples": len(self.bad_samples)}
         if self.modality == "video":
             out.update(sampler=self.config.sampler or self.card.sampler, frames_per_clip=self.input_size[1])
+        if self.modality == "points":
+            out.update(sampler=self.config.sampler or self.card.sampler, **_parent(self.train).summary())
         return out
 
     def train_loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> DataLoader:
@@ -86,6 +91,8 @@ class DatasetBundle:
         c = self.card
         if self.modality == "video":
             return video_train_transform(c.image_size, c.mean, c.std, c.hflip, c.train_crop)
+        if self.modality == "points":
+            return PointTrainTransform(c.augment, c.up_axis)
         return train_transform(c.image_size, c.mean, c.std, c.hflip, c.train_crop)
 
     @property
@@ -93,11 +100,18 @@ class DatasetBundle:
         c = self.card
         if self.modality == "video":
             return video_eval_transform(c.image_size, c.mean, c.std)
+        if self.modality == "points":
+            return point_eval_transform
         return eval_transform(c.image_size, c.mean, c.std)
 
 
+def _parent(ds: Dataset) -> Dataset:
+    """The dataset under any Subset."""
+    return _parent(ds.dataset) if isinstance(ds, torch.utils.data.Subset) else ds
+
+
 class _Transformed(Dataset):
-    """Applies a transform on top of a dataset that yields uint8 images."""
+    """Applies a transform on top of a dataset (uint8 images or clips, float point clouds)."""
 
     def __init__(self, ds: Dataset, transform):
         self.ds, self.transform = ds, transform

@@ -3,12 +3,21 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..errors import EffvisionError
 from ..paths import card_files
 from ..recipe import Strict, load_card
 from ..registry import DATASETS, suggest
+
+
+class PointAugment(Strict):
+    """Training augmentations of a point cloud (after sampling, before the model)."""
+
+    rotate: bool = Field(True, description="random rotation about the up axis")
+    scale: tuple[float, float] = Field((0.8, 1.25), description="anisotropic scale range per axis")
+    jitter: float = Field(0.01, ge=0, description="std of Gaussian noise per coordinate (clipped at 5x)")
+    dropout: float = Field(0.875, ge=0, lt=1, description="largest fraction of points dropped (replaced by the first)")
 
 
 class DatasetCard(Strict):
@@ -26,11 +35,26 @@ class DatasetCard(Strict):
     train_crop: Literal["pad", "resized"] = "pad"
     # video
     num_frames: int = Field(8, gt=0, description="frames per clip (video)")
-    sampler: str = Field("tsn", description="video frame sampler: tsn, dense, keyframes, motion")
-    sampler_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {stride: 2} for dense")
+    sampler: Optional[str] = Field(None, description="video: tsn (default), dense, keyframes, motion; points: fps (default), voxel, random, uniform")
+    sampler_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {stride: 2} for dense, {voxel_size: 0.03} for voxel")
     resize: Optional[int] = Field(None, gt=0, description="short side frames are decoded at, >= image_size (default image_size)")
+    # points
+    num_points: int = Field(1024, gt=0, description="points per cloud the model sees (points)")
+    cache_points: int = Field(2048, gt=0, description="points per file kept in the cache (farthest-point sampled), >= num_points")
+    mesh_points: int = Field(4096, gt=0, description="points sampled on a mesh's surface (OFF, OBJ, STL, PLY meshes)")
+    bin_width: Optional[int] = Field(None, ge=3, description="float32 values per .bin record (KITTI 4, nuScenes 5); default: guessed per file")
+    channels: int = Field(3, ge=3, description="values per point fed to the model: xyz, then colour/intensity")
+    up_axis: Literal["x", "y", "z"] = "z"
+    augment: PointAugment = Field(default_factory=PointAugment)
+    cache_dir: str = Field("runs/cache", description="where sampled clouds are cached as .npz (points; generated data caches beside itself)")
     generate: dict[str, Any] = Field(default_factory=dict, description="parameters of a generated dataset")
     description: str = ""
+
+    @model_validator(mode="after")
+    def _modality_defaults(self):
+        if self.sampler is None:
+            self.sampler = {"video": "tsn", "points": "fps"}.get(self.modality)
+        return self
 
 
 def get_card(name: str) -> DatasetCard:

@@ -1,9 +1,11 @@
 """Point-cloud loader speed (BENCHMARKS.md): samples per second of read -> normalise -> FPS to N
 points (the `fps` sampler, open3d inside), and a NumPy farthest-point sampling loop against
 open3d's farthest_point_down_sample on the same clouds, alternating round by round so the ratio
-is measured side by side (the measurement that chose open3d for the sampler).
+is measured side by side (the measurement that chose open3d for the sampler). With --dataset,
+also the training loader of a dataset card: clouds drawn from its cache, FPS to N with a random
+start, augmented and batched, as an epoch sees them.
 
-    python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024
+    python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024 --dataset synthetic-shapes
 """
 from __future__ import annotations
 
@@ -61,11 +63,27 @@ def measure(files: list[Path], points: int, rounds: int) -> dict:
             "loader_samples_per_s": statistics.median(loader), "loader_rounds": loader}
 
 
+def cached_loader(dataset: str, points: int, rounds: int, batch_size: int = 32) -> dict:
+    """Samples per second of full passes over a card's training loader (the cache built first)."""
+    from . import load_dataset
+    from ..recipe import DataConfig
+
+    bundle = load_dataset(DataConfig(name=dataset, num_points=points, batch_size=batch_size))
+    rates = []
+    for _ in range(rounds):
+        t, n = time.perf_counter(), 0
+        for x, _ in bundle.train_loader():
+            n += len(x)
+        rates.append(n / (time.perf_counter() - t))
+    return {"dataset": dataset, "samples": len(bundle.train), "batch_size": batch_size, "samples_per_s": statistics.median(rates), "rounds": rates}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path)
     ap.add_argument("--points", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dataset", help="also time this dataset card's training loader (cached clouds)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     files = sorted(p for p in args.root.rglob("*") if p.is_file() and p.suffix.lower() in POINT_EXTS)
@@ -77,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in result["fps"]:
         print(f"| {r['file'][:40]} | {r['points_in']} | {r['numpy_ms']:.1f} | {r['open3d_ms']:.1f} |")
     print(f"loader (read, normalise, FPS to {args.points}): {result['loader_samples_per_s']:.1f} samples/s")
+    if args.dataset:
+        result["cached"] = cached_loader(args.dataset, args.points, args.rounds)
+        c = result["cached"]
+        print(f"{args.dataset} training loader (cache, FPS to {args.points}, augment, batch {c['batch_size']}): {c['samples_per_s']:.1f} samples/s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

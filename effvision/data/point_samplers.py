@@ -1,7 +1,8 @@
 """Downsampling for point clouds (registered in SAMPLERS): which points of a cloud a model sees.
 Fewer points is data compression for points; each sampler reports the points and bytes it kept.
 
-- fps: farthest-point sampling to N points (PointNet++'s choice: even coverage of the shape), by open3d.
+- fps: farthest-point sampling to N points (PointNet++'s choice: even coverage of the shape), by
+  open3d, ordered coarse to fine (each prefix of N/2, N/4, ... points is itself an FPS sample).
 - voxel: one point per occupied voxel of `voxel_size` (open3d's voxel grid), then N of those.
 - random: N points drawn uniformly without replacement.
 - uniform: N points at evenly spaced indices (cheap; follows the file's point order).
@@ -64,13 +65,30 @@ class PointSampler:
         return _fill(points, self.indices(points, train, rng), self.num_points, rng)
 
 
+def coarse_to_fine(xyz: np.ndarray, idx: np.ndarray, smallest: int = 16) -> np.ndarray:
+    """idx reordered so that every prefix of half, a quarter, ... of the points is itself a
+    farthest-point sample of the longer prefix (nested FPS; open3d returns points in file order).
+    A network may then take the first M points as its centroids (PointNet++'s prefix variant)
+    with no sampling inside the network, which keeps it exportable."""
+    finer, cur = [], idx
+    while len(cur) >= 2 * smallest:
+        half = farthest_point_indices(xyz[cur], len(cur) // 2)
+        rest = np.ones(len(cur), bool)
+        rest[half] = False
+        finer.append(cur[rest])
+        cur = cur[half]
+    return np.concatenate([cur, *finer[::-1]])
+
+
 @SAMPLERS.register("fps")
 class FarthestPointSampler(PointSampler):
-    """Farthest-point sampling; a random start point in training, the first point otherwise."""
+    """Farthest-point sampling, points ordered coarse to fine (coarse_to_fine); a random start
+    point in training, the first point otherwise."""
 
     def indices(self, points, train, rng):
+        xyz = points[:, :3].astype(np.float64)
         start = int(rng.integers(len(points))) if train else 0
-        return farthest_point_indices(points[:, :3].astype(np.float64), self.num_points, start)
+        return coarse_to_fine(xyz, farthest_point_indices(xyz, self.num_points, start))
 
 
 @SAMPLERS.register("random")

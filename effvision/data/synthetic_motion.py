@@ -6,15 +6,13 @@ angle, and motion wraps around the frame edges, so where a shape is and how it i
 class information at any time step; only the change between frames does."""
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from ..errors import EffvisionError
+from .generated import write_once
 
 CLASSES = ["move_left", "move_right", "move_up", "move_down", "turn_clockwise", "turn_anticlockwise"]
 VERSION = 2
@@ -83,27 +81,9 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int = 10) -> None:
 def generate(root: Path, train_per_class: int = 48, val_per_class: int = 16, frames: int = 16, size: int = 64, seed: int = 0,
              progress=None) -> Path:
     """Write <root>/{train,val}/<class>/<n>.mp4 once; reuse it when the parameters match."""
-    params = {"version": VERSION, "train_per_class": train_per_class, "val_per_class": val_per_class, "frames": frames, "size": size, "seed": seed}
-    meta = root / "dataset.json"
-    if meta.is_file() and json.loads(meta.read_text()) == params:
-        return root
     if size % 2:
         raise EffvisionError(f"synthetic-motion: size must be even (H.264), got {size}")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    try:
-        jobs = [(split, label, n) for split, count in (("train", train_per_class), ("val", val_per_class))
-                for label in range(len(CLASSES)) for n in range(count)]
-        for split, label, n in (progress or (lambda it, **_: it))(jobs, description="generating synthetic-motion videos"):
-            rng = np.random.default_rng([seed, 0 if split == "train" else 1, label, n])
-            folder = tmp / split / CLASSES[label]
-            folder.mkdir(parents=True, exist_ok=True)
-            write_mp4(folder / f"{n:04d}.mp4", render_clip(label, rng, frames, size))
-        (tmp / "dataset.json").write_text(json.dumps(params))
-        if root.exists():
-            shutil.rmtree(root)
-        tmp.rename(root)  # readers see the old set or the complete new one
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return root
+    params = {"version": VERSION, "train_per_class": train_per_class, "val_per_class": val_per_class, "frames": frames, "size": size, "seed": seed}
+    return write_once(root, params, CLASSES, {"train": train_per_class, "val": val_per_class},
+                      lambda folder, label, n, rng: write_mp4(folder / f"{n:04d}.mp4", render_clip(label, rng, frames, size)),
+                      "generating synthetic-motion videos", progress)

@@ -6,7 +6,6 @@ that is not a video is skipped and counted, or stops the run with its path (on_b
 that opens but fails to decode later is handled the same way when it is read."""
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 from typing import Callable
@@ -19,58 +18,8 @@ from ..registry import DATASETS
 from .builtin import _split_path, data_root
 from .frame_samplers import FrameSampler, get_sampler
 from .images import ScanReport
+from .layouts import class_names, folder_entries, label_indices, list_entries
 from .video_io import VideoError, is_video, open_video
-
-
-def folder_entries(root: Path) -> tuple[list[str], list[tuple[Path, str]]]:
-    """Class folders and (file, class) pairs of <root>/<class>/<video>."""
-    if not root.is_dir():
-        raise EffvisionError(f"data path not found: {root}")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and is_video(p.name) and not p.name.startswith("."))
-    pairs = [(p, p.relative_to(root).parts[0]) for p in files if len(p.relative_to(root).parts) >= 2]
-    if not pairs:
-        raise EffvisionError(f"no videos in class-per-folder layout (<class>/<video>) under {root}")
-    return sorted({c for _, c in pairs}), pairs
-
-
-def list_entries(list_file: Path, root: Path) -> list[tuple[Path, str]]:
-    """(file, label) pairs of an annotation list: `path label` lines (label a class name or an
-    index; a line with only a path takes its folder as the class) or a CSV with path and label
-    columns. Paths are relative to `root`."""
-    if not list_file.is_file():
-        raise EffvisionError(f"annotation list not found: {list_file}")
-    text = list_file.read_text(errors="replace")
-    if list_file.suffix.lower() == ".csv":
-        rows = list(csv.reader(text.splitlines()))
-        head = [h.strip().lower() for h in rows[0]] if rows else []
-        if "path" in head and "label" in head:
-            rows = [(r[head.index("path")], r[head.index("label")]) for r in rows[1:] if r]
-        else:
-            rows = [(r[0], r[1] if len(r) > 1 else "") for r in rows if r]
-    else:
-        rows = []
-        for line in text.splitlines():
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            parts = line.rsplit(maxsplit=1)
-            rows.append((line, "") if len(parts) == 1 or is_video(line) else (parts[0], parts[1]))
-    pairs = []
-    for n, (rel, label) in enumerate(rows, 1):
-        rel = rel.strip()
-        label = label.strip() or Path(rel).parent.name
-        if not label:
-            raise EffvisionError(f"{list_file}:{n}: no label for {rel} (write `path label`, or put the file in a class folder)")
-        pairs.append((root / rel, label))
-    if not pairs:
-        raise EffvisionError(f"annotation list {list_file} has no entries")
-    return pairs
-
-
-def class_names(labels: list[str]) -> list[str]:
-    """Sorted class names; all-integer labels (UCF101's 1-based indices) sort as numbers."""
-    uniq = set(labels)
-    return sorted(uniq, key=int) if all(u.lstrip("-").isdigit() for u in uniq) else sorted(uniq)
 
 
 class VideoDataset(torch.utils.data.Dataset):
@@ -131,11 +80,7 @@ class VideoDataset(torch.utils.data.Dataset):
 
 def video_dataset(pairs: list[tuple[Path, str]], classes: list[str], sampler: FrameSampler, short_side: int, train: bool,
                   on_bad_sample: str, progress=None) -> VideoDataset:
-    index = {c: k for k, c in enumerate(classes)}
-    missing = sorted({c for _, c in pairs} - set(index))
-    if missing:
-        raise EffvisionError(f"labels not among the training classes: {', '.join(missing[:5])}")
-    return VideoDataset([(p, index[c]) for p, c in pairs], classes, sampler, short_side, train, on_bad_sample, progress)
+    return VideoDataset(label_indices(pairs, classes), classes, sampler, short_side, train, on_bad_sample, progress)
 
 
 def _samplers(card, config) -> tuple[FrameSampler, int]:
@@ -156,8 +101,8 @@ def _build(card, config, train_pairs, val_pairs, classes, progress):
 def videofolder(card, config, progress=None):
     """<root>/<train>/<class>/<video> and the val split alike (default folders train, val or test)."""
     root = data_root(card, config)
-    classes, train = folder_entries(_split_path(root, card.train, ("train",)))
-    _, val = folder_entries(_split_path(root, card.val, ("val", "test")))
+    classes, train = folder_entries(_split_path(root, card.train, ("train",)), is_video, "videos")
+    _, val = folder_entries(_split_path(root, card.val, ("val", "test")), is_video, "videos")
     return _build(card, config, train, val, classes, progress)
 
 
@@ -167,7 +112,7 @@ def videolist(card, config, progress=None):
     root = data_root(card, config)
     if not card.train or not card.val:
         raise EffvisionError(f"dataset {card.name}: a videolist card names its train and val list files")
-    train, val = list_entries(root / card.train, root), list_entries(root / card.val, root)
+    train, val = list_entries(root / card.train, root, is_video), list_entries(root / card.val, root, is_video)
     return _build(card, config, train, val, class_names([c for _, c in train]), progress)
 
 
@@ -183,6 +128,6 @@ def synthetic_motion(card, config, progress=None):
     except TypeError:
         raise EffvisionError(f"dataset {card.name}: unknown generate option in {sorted(card.generate)} "
                              "(choices: train_per_class, val_per_class, frames, size, seed)") from None
-    _, train = folder_entries(root / "train")
-    _, val = folder_entries(root / "val")
+    _, train = folder_entries(root / "train", is_video, "videos")
+    _, val = folder_entries(root / "val", is_video, "videos")
     return _build(card, config, train, val, list(CLASSES), progress)

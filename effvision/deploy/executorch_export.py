@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import EffvisionError
 from ..fileio import atomic_write
-from .onnx_export import describe_export_failure
+from .onnx_export import describe_export_failure, refuse_unexportable
 
 def executorch_missing() -> str | None:
     """Why ExecuTorch cannot be used here, or None when it can."""
@@ -41,6 +41,7 @@ def export_pte(model: nn.Module, path: str | Path, shape: list[int], precision: 
     """Export, (quantize,) lower to XNNPACK and write one .pte for a fixed batch size (what an
     edge app runs; ExecuTorch's bounded dynamic batch did not hold beyond small sizes here)."""
     _require()
+    refuse_unexportable(model, "ExecuTorch")
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 

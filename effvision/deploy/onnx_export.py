@@ -15,8 +15,17 @@ from ..fileio import atomic_write
 from ..models.profile import input_shape
 
 
+def refuse_unexportable(model: nn.Module, fmt: str) -> None:
+    """A model that knows it cannot export (an `export_blocker` property saying which operator
+    and why, e.g. sampling inside the network) is refused before the exporter runs."""
+    blocker = getattr(model, "export_blocker", None)
+    if blocker:
+        raise EffvisionError(f"cannot export {type(model).__name__} to {fmt}: {blocker}")
+
+
 def export_onnx(model: nn.Module, path: str | Path, shape: list[int] | None = None, opset: int | None = None) -> Path:
     """Export with torch.onnx's dynamo exporter into one file (weights inside), batch dynamic."""
+    refuse_unexportable(model, "ONNX")
     model = model.eval().cpu()
     x = torch.zeros(2, *(shape or input_shape(model)))
 

@@ -15,7 +15,7 @@ class ModelCard(Strict):
     arch: str = Field(..., description="registered architecture, timm:<name> or torchvision:<name>")
     modality: Literal["image", "video", "points"] = "image"
     num_classes: int = Field(..., gt=0)
-    input_size: list[int] = Field(..., min_length=3, max_length=4)
+    input_size: list[int] = Field(..., min_length=2, max_length=4, description="C, H, W (image); C, T, H, W (video); C, N (points)")
     kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: Optional[str] = None
     weights: Optional[str] = Field(None, description="local .pth/.safetensors file")

@@ -1,0 +1,37 @@
+"""Generated datasets are written once into a folder and reused while their parameters match:
+each sample is rendered into a temporary folder that replaces the old one only when complete."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+
+def write_once(root: Path, params: dict, classes: list[str], per_split: dict[str, int], write_sample: Callable,
+               description: str, progress=None) -> Path:
+    """<root>/<split>/<class>/<n>.<ext> for every split and class, written by
+    write_sample(folder, label, n, rng) with a generator seeded by (seed, split, label, n);
+    nothing is written when <root>/dataset.json already holds `params`."""
+    meta = root / "dataset.json"
+    if meta.is_file() and json.loads(meta.read_text()) == params:
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        jobs = [(k, split, label, n) for k, (split, count) in enumerate(per_split.items()) for label in range(len(classes)) for n in range(count)]
+        for k, split, label, n in (progress or (lambda it, **_: it))(jobs, description=description):
+            folder = tmp / split / classes[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            write_sample(folder, label, n, np.random.default_rng([params["seed"], k, label, n]))
+        (tmp / "dataset.json").write_text(json.dumps(params))
+        if root.exists():
+            shutil.rmtree(root)
+        tmp.rename(root)  # readers see the old set or the complete new one
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root

@@ -1,0 +1,170 @@
+"""Point-cloud datasets: ModelNet's `<class>/<split>/<file>` tree, a class-per-folder tree
+(`<split>/<class>/<file>`) or annotation lists, each file read once into a cache.
+
+Reading a mesh means sampling its surface, and a LiDAR sweep holds 10^5 points: both are done once.
+Every file is read, normalised to the unit sphere and farthest-point sampled to `cache_points`
+points; the clouds of a split are saved together as one .npy-backed .npz under `cache_dir`, keyed
+by the files (path, size, mtime) and the reading options, so an epoch never re-reads a file.
+The card's sampler then draws `num_points` of those per sample (fresh draws in training).
+A file that cannot be read is skipped and counted, or stops the run with its path (on_bad_sample)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..errors import EffvisionError
+from ..fileio import atomic_write
+from ..registry import DATASETS
+from .builtin import _split_path, data_root
+from .images import ScanReport
+from .layouts import class_names, folder_entries, label_indices, list_entries, modelnet_entries
+from .point_io import PointCloudError, guess_bin_width, is_point_file, read_points
+from .point_samplers import PointSampler, _fill, farthest_point_indices, get_point_sampler, normalize_unit_sphere
+
+CACHE_VERSION = 1
+
+
+def prepare_cloud(path: Path, card, seed: int = 0) -> tuple[np.ndarray, int]:
+    """(cache_points, channels) float32 of one file, normalised and farthest-point sampled, and
+    the number of points the file gave (a mesh: the points sampled on its surface)."""
+    width = card.bin_width or (guess_bin_width(path) if path.suffix.lower() == ".bin" else 4)
+    points = read_points(path, mesh_points=card.mesh_points, bin_width=width, seed=seed)
+    if points.shape[1] < card.channels:
+        raise PointCloudError(f"{path}: {points.shape[1]} values per point, the card asks for channels: {card.channels}")
+    points = normalize_unit_sphere(points[:, :card.channels])
+    idx = farthest_point_indices(points, card.cache_points) if len(points) > card.cache_points else np.arange(len(points))
+    return _fill(points, idx, card.cache_points, np.random.default_rng(seed)).points, len(points)
+
+
+class PointCloudDataset(torch.utils.data.Dataset):
+    """Clouds as (num_points, channels) float32 arrays (a transform makes them tensors)."""
+
+    def __init__(self, entries: list[tuple[Path, int]], classes: list[str], sampler: PointSampler, card, train: bool = False,
+                 on_bad_sample: str = "skip", progress: Callable | None = None):
+        self.classes, self.sampler, self.train = classes, sampler, train
+        self.report = ScanReport(total=len(entries))
+        cache = self._cache_file(entries, card)
+        if not cache.is_file():
+            self._build_cache(entries, card, on_bad_sample, progress, cache)
+        with np.load(cache, allow_pickle=False) as z:
+            self.clouds, targets = z["clouds"], z["targets"]
+            self.source_points, self.source_bytes = z["source_points"], z["source_bytes"]
+            self.report.bad = [tuple(b) for b in json.loads(str(z["bad"]))]
+        if on_bad_sample == "fail" and self.report.bad:
+            path, why = self.report.bad[0]
+            raise EffvisionError(f"{why} (set data.on_bad_sample=skip to skip such files)")
+        if not len(self.clouds):
+            raise EffvisionError(f"every point-cloud file of the dataset is unreadable ({len(self.report.bad)} files)")
+        self.targets = [int(t) for t in targets]
+        self.transform = None
+
+    @staticmethod
+    def _cache_file(entries, card) -> Path:
+        files = [(str(p.resolve()), *((p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (-1, -1)), y) for p, y in entries]
+        options = [CACHE_VERSION, card.cache_points, card.mesh_points, card.bin_width, card.channels]
+        key = hashlib.sha1(json.dumps([options, files]).encode()).hexdigest()[:20]
+        return Path(card.cache_dir).expanduser() / "points" / f"{key}.npz"
+
+    def _build_cache(self, entries, card, on_bad_sample, progress, cache: Path) -> None:
+        clouds, targets, counts, sizes, bad = [], [], [], [], []
+        for path, label in (progress or (lambda it, **_: it))(entries, description="reading point clouds"):
+            try:
+                cloud, n = prepare_cloud(path, card)
+            except PointCloudError as exc:
+                if on_bad_sample == "fail":
+                    raise EffvisionError(f"{exc} (set data.on_bad_sample=skip to skip such files)") from None
+                bad.append((str(path), str(exc)))
+                continue
+            clouds.append(cloud)
+            targets.append(label)
+            counts.append(n)
+            sizes.append(path.stat().st_size)
+        arrays = {"clouds": np.stack(clouds) if clouds else np.zeros((0, card.cache_points, card.channels), np.float32),
+                  "targets": np.array(targets, np.int64), "source_points": np.array(counts, np.int64),
+                  "source_bytes": np.array(sizes, np.int64), "bad": np.array(json.dumps(bad))}
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+
+        atomic_write(cache, write)
+
+    def __len__(self) -> int:
+        return len(self.clouds)
+
+    def sample(self, i: int):
+        """The sampler's draw from cloud i (fresh in training, fixed per sample otherwise)."""
+        rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())) if self.train else i)
+        return self.sampler(self.clouds[i], self.train, rng)
+
+    def __getitem__(self, i: int):
+        points = self.sample(i).points
+        return (self.transform(points) if self.transform else points), self.targets[i]
+
+    def summary(self) -> dict:
+        """Points and bytes per sample: in the files, and what the sampler keeps."""
+        kept = self.sample(0)
+        return {"source_points_per_sample": round(float(self.source_points.mean()), 1),
+                "source_bytes_per_sample": round(float(self.source_bytes.mean()), 1),
+                "points_per_sample": int(kept.points.shape[0]), "bytes_per_sample": int(kept.points.nbytes)}
+
+
+def _sampler(card, config) -> PointSampler:
+    n = config.num_points or card.num_points
+    if n > card.cache_points:
+        raise EffvisionError(f"dataset {card.name}: num_points ({n}) exceeds cache_points ({card.cache_points}); raise cache_points")
+    return get_point_sampler(config.sampler or card.sampler, n, **card.sampler_options)
+
+
+def _build(card, config, train_pairs, val_pairs, classes, progress):
+    sampler = _sampler(card, config)
+    return tuple(PointCloudDataset(label_indices(pairs, classes), classes, sampler, card, train, config.on_bad_sample, progress)
+                 for pairs, train in ((train_pairs, True), (val_pairs, False)))
+
+
+@DATASETS.register("pointfolder")
+def pointfolder(card, config, progress=None):
+    """ModelNet's <root>/<class>/train|test/<file>, or <root>/<train>/<class>/<file> and the val
+    split alike (card train/val name the split folders; defaults train and val or test)."""
+    root = data_root(card, config)
+    splits = (card.train or "train", card.val or "test")
+    if not any((root / s).is_dir() for s in ("train", "val", "test", card.train or "train")):
+        classes, train = modelnet_entries(root, splits[0], is_point_file, "point clouds")
+        _, val = modelnet_entries(root, splits[1], is_point_file, "point clouds")
+    else:
+        classes, train = folder_entries(_split_path(root, card.train, ("train",)), is_point_file, "point clouds")
+        _, val = folder_entries(_split_path(root, card.val, ("val", "test")), is_point_file, "point clouds")
+    return _build(card, config, train, val, classes, progress)
+
+
+@DATASETS.register("pointlist")
+def pointlist(card, config, progress=None):
+    """Annotation lists (card train/val, relative to root) whose entries are relative to root."""
+    root = data_root(card, config)
+    if not card.train or not card.val:
+        raise EffvisionError(f"dataset {card.name}: a pointlist card names its train and val list files")
+    train, val = list_entries(root / card.train, root, is_point_file), list_entries(root / card.val, root, is_point_file)
+    return _build(card, config, train, val, class_names([c for _, c in train]), progress)
+
+
+@DATASETS.register("synthetic-shapes")
+def synthetic_shapes(card, config, progress=None):
+    """The generated shapes (synthetic_shapes.py), written once under data.root (default
+    runs/data/synthetic-shapes) and reused; their cache lives beside them (<root>/.cache)."""
+    from .synthetic_shapes import CLASSES, generate
+
+    root = Path(config.root or card.root or "runs/data/synthetic-shapes").expanduser()
+    try:
+        generate(root, progress=progress, **card.generate)
+    except TypeError:
+        raise EffvisionError(f"dataset {card.name}: unknown generate option in {sorted(card.generate)} "
+                             "(choices: train_per_class, val_per_class, points, seed)") from None
+    _, train = folder_entries(root / "train", is_point_file, "point clouds")
+    _, val = folder_entries(root / "val", is_point_file, "point clouds")
+    card = card.model_copy(update={"cache_dir": str(root / ".cache")})
+    return _build(card, config, train, val, list(CLASSES), progress)

@@ -1,0 +1,195 @@
+"""The point-cloud modality: datasets and their cache, augmentations, the three point networks
+through prune / export / int8, and the generated shapes through the pipeline."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("open3d", exc_type=ImportError, reason="open3d (or libusb-1.0) is not available")
+
+from effvision.data.cards import DatasetCard  # noqa: E402
+from effvision.errors import EffvisionError  # noqa: E402
+from effvision.recipe import DataConfig  # noqa: E402
+
+TETRA = "OFF{joined}4 4 0\n0 0 0\n1 0 0\n0 1 0\n0 0 1\n3 0 1 2\n3 0 1 3\n3 0 2 3\n3 1 2 3\n"
+
+
+def _off(path: Path, scale: float, joined: bool = True) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = TETRA.format(joined="" if joined else "\n")
+    lines = text.splitlines()
+    lines[2:6] = [" ".join(str(float(v) * scale) for v in ln.split()) for ln in lines[2:6]]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _card(tmp_path, **over) -> DatasetCard:
+    return DatasetCard(**{"name": "t", "modality": "points", "source": "pointfolder", "root": str(tmp_path / "data"),
+                          "num_points": 32, "cache_points": 64, "mesh_points": 256, "cache_dir": str(tmp_path / "cache"), **over})
+
+
+def test_fps_orders_points_coarse_to_fine():
+    from effvision.data.point_samplers import farthest_point_indices, get_point_sampler
+
+    cloud = np.random.default_rng(0).normal(size=(2000, 3)).astype(np.float32)
+    pts = get_point_sampler("fps", 256)(cloud).points
+    for m in (128, 64, 32):  # every halving prefix is the farthest-point sample of the longer one
+        prefix = pts[:2 * m]
+        assert {tuple(p) for p in pts[:m]} == {tuple(p) for p in prefix[farthest_point_indices(prefix, m)]}
+
+
+def test_modelnet_layout_is_cached_and_bad_files_counted(tmp_path, monkeypatch):
+    from effvision.data import points
+
+    root = tmp_path / "data"
+    for c, scale in (("cone", 1.0), ("desk", 2.0)):
+        for split, n in (("train", 3), ("test", 2)):
+            for i in range(n):
+                _off(root / c / split / f"{c}_{i:04d}.off", scale * (1 + i), joined=i % 2 == 0)
+    (root / "desk/train/broken.off").write_text("OFF\n9 1 0\n0 0 0\n1 0 0\n3 0 1 2\n")  # wrong vertex count
+    card = _card(tmp_path)
+    train, val = points.pointfolder(card, DataConfig(name="t"))
+    assert (len(train), len(val), train.classes) == (6, 4, ["cone", "desk"])
+    assert len(train.report.bad) == 1 and "broken.off" in train.report.bad[0][0] and "do not match" in train.report.bad[0][1]
+    x, y = train[0]
+    assert x.shape == (32, 3) and x.dtype == np.float32 and np.abs(x).max() <= 1.0 + 1e-5 and y == 0
+    assert len(list((tmp_path / "cache/points").glob("*.npz"))) == 2
+    summary = train.summary()
+    assert summary["points_per_sample"] == 32 and summary["bytes_per_sample"] == 32 * 3 * 4 and summary["source_points_per_sample"] == 256
+
+    def no_reading(*a, **k):
+        raise AssertionError("a cached dataset re-read a file")
+
+    monkeypatch.setattr(points, "read_points", no_reading)
+    again, _ = points.pointfolder(card, DataConfig(name="t"))
+    assert np.array_equal(again.clouds, train.clouds) and len(again.report.bad) == 1
+    with pytest.raises(EffvisionError, match="broken.off.*on_bad_sample=skip"):
+        points.pointfolder(card, DataConfig(name="t", on_bad_sample="fail"))
+
+
+def test_class_folders_and_annotation_lists_with_lidar_bins(tmp_path):
+    from effvision.data import points
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        for c in ("car", "tree"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(2):
+                rng.normal(size=(100, 5)).astype(np.float32).tofile(root / split / c / f"{i}.bin")
+    card = _card(tmp_path, bin_width=5, channels=4)
+    train, val = points.pointfolder(card, DataConfig(name="t"))
+    assert len(train) == 4 and train[0][0].shape == (32, 4)  # xyz + intensity
+    (root / "train.txt").write_text("train/car/0.bin car\ntrain/tree/0.bin tree\n")
+    (root / "val.csv").write_text("path,label\nval/car/1.bin,car\n")
+    train, val = points.pointlist(card.model_copy(update={"source": "pointlist", "train": "train.txt", "val": "val.csv"}), DataConfig(name="t"))
+    assert (len(train), len(val), val.targets) == (2, 1, [0])
+    with pytest.raises(EffvisionError, match="exceeds cache_points"):
+        points.pointfolder(card, DataConfig(name="t", num_points=128))
+
+
+def test_augmentations_turn_about_the_up_axis_and_keep_the_count():
+    from effvision.data.cards import PointAugment
+    from effvision.data.point_transforms import PointTrainTransform, point_eval_transform
+
+    cloud = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
+    turn = PointTrainTransform(PointAugment(rotate=True, scale=(1.0, 1.0), jitter=0.0, dropout=0.0), "z")(cloud)
+    assert turn.shape == (3, 256)
+    assert torch.allclose(turn[2], torch.from_numpy(cloud[:, 2]))  # z untouched
+    assert torch.allclose(turn[:2].norm(dim=0), torch.from_numpy(np.linalg.norm(cloud[:, :2], axis=1)), atol=1e-5)
+    torch.manual_seed(0)
+    dropped = PointTrainTransform(PointAugment(rotate=False, scale=(1.0, 1.0), jitter=0.0, dropout=0.9), "z")(cloud)
+    repeats = (dropped == dropped[:, :1]).all(0).sum()
+    assert dropped.shape == (3, 256) and repeats > 1
+    assert torch.equal(point_eval_transform(cloud), torch.from_numpy(cloud.T.copy()))
+
+
+TINY = {"pointnet": {"width": 0.25}, "pointnet2_ssg": {"width": 0.25, "num_centroids": (32, 8), "k": 8},
+        "dgcnn": {"width": 0.25, "k": 8, "emb": 64}}
+
+
+@pytest.mark.parametrize("arch", sorted(TINY))
+def test_point_models_prune_export_and_quantize(arch, tmp_path):
+    from effvision.compress.prune import prune
+    from effvision.deploy.exporters import export_verified
+    from effvision.models.factory import create_model
+    from effvision.models.profile import count_params
+
+    shape = [3, 128]
+    model = create_model(arch, num_classes=5, input_size=shape, **TINY[arch])
+    x = torch.randn(4, *shape)
+    model(x).sum().backward()  # trains
+    before = count_params(model)
+    model = prune(model.eval(), 0.3)
+    assert count_params(model) < 0.75 * before and model(x).shape == (4, 5)
+    batches = [(torch.randn(8, *shape, generator=torch.Generator().manual_seed(s)), torch.zeros(8, dtype=torch.long)) for s in range(3)]
+    _, fp32 = export_verified(model, "onnx", "fp32", tmp_path / "m.onnx", shape, batches, batches)
+    assert fp32["max_abs_diff"] < 1e-4 and fp32["top1_agreement"] == 1.0
+    _, int8 = export_verified(model, "onnx", "int8", tmp_path / "q.onnx", shape, batches, batches)
+    assert int8["size_bytes"] < 0.5 * fp32["size_bytes"] and int8["top1_agreement"] >= 0.75
+
+
+def test_sampling_inside_the_network_refuses_export_and_says_why(tmp_path):
+    from effvision.deploy.onnx_export import export_onnx
+    from effvision.models.factory import create_model
+
+    model = create_model("pointnet2_ssg", num_classes=3, input_size=[3, 128], **{**TINY["pointnet2_ssg"], "centroids": "fps"})
+    assert model(torch.randn(2, 3, 128)).shape == (2, 3)  # it runs and trains; it only does not export
+    with pytest.raises(EffvisionError, match="farthest-point sampling.*centroids: prefix"):
+        export_onnx(model, tmp_path / "m.onnx")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_synthetic_shapes_through_the_pipeline(tmp_path, monkeypatch):
+    import yaml
+
+    from effvision.data.synthetic_shapes import CLASSES
+    from effvision.pipeline import run_pipeline
+    from effvision.recipe import load_recipe
+
+    (tmp_path / "data").mkdir()
+    card = yaml.safe_load((Path(__file__).resolve().parents[1] / "data/synthetic-shapes.yaml").read_text())
+    card.update(name="tiny-shapes", num_points=256, cache_points=512, generate={"train_per_class": 12, "val_per_class": 4, "points": 512})
+    (tmp_path / "data/tiny-shapes.yaml").write_text(yaml.safe_dump(card))
+    monkeypatch.setenv("EFFVISION_HOME", str(tmp_path))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(json.dumps({
+        "name": "points-tiny", "seed": 0,
+        "data": {"name": "tiny-shapes", "root": str(tmp_path / "shapes"), "batch_size": 16},
+        "model": {"name": "pointnet", "kwargs": {"width": 0.25}},
+        "stages": [{"name": "baseline", "type": "train", "epochs": 2, "optimizer": "adamw", "lr": 3e-3},
+                   {"type": "prune", "ratio": 0.3}, {"type": "distill", "epochs": 1},
+                   {"type": "export"}, {"type": "quantize", "calibration_samples": 32}],
+    }))
+    run = tmp_path / "run"
+    run_pipeline(load_recipe(str(recipe)), run)
+    report = json.loads((run / "report.json").read_text())
+    d = report["dataset"]
+    assert d["modality"] == "points" and d["num_classes"] == len(CLASSES) and d["sampler"] == "fps" and d["train_size"] == 12 * len(CLASSES)
+    assert d["points_per_sample"] == 256 and d["bytes_per_sample"] == 256 * 12 and d["source_points_per_sample"] == 512
+    assert [s["name"] for s in report["stages"]] == ["baseline", "prune", "distill", "export", "quantize"]
+    assert report["stages"][-1]["evaluated_with"] == "onnxruntime" and report["stages"][-1]["accuracy"] is not None
+    assert report["stages"][1]["params"] < 0.75 * report["stages"][0]["params"]
+    assert "Points per sample: 256 kept by the fps sampler" in (run / "report.md").read_text()
+    assert list((tmp_path / "shapes/.cache/points").glob("*.npz"))  # the generated set caches beside itself
+
+
+SHARED_MODELNET = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "pointclouds" / "modelnet40"
+
+
+@pytest.mark.skipif(not SHARED_MODELNET.is_dir(), reason="../shared/testdata/pointclouds is absent")
+def test_shared_modelnet_meshes_make_a_dataset(tmp_path):
+    """Real ModelNet40 OFF files (several with the joined header) through an annotation list."""
+    from effvision.data import points
+
+    files = sorted(SHARED_MODELNET.rglob("*.off"))
+    rel = [f"{p.relative_to(SHARED_MODELNET)} {p.parent.name}" for p in files]
+    (tmp_path / "train.txt").write_text("\n".join(rel) + "\n")
+    (tmp_path / "val.txt").write_text("\n".join(rel[::2]) + "\n")
+    card = DatasetCard(name="mn", modality="points", source="pointlist", root=str(SHARED_MODELNET), train=str(tmp_path / "train.txt"),
+                       val=str(tmp_path / "val.txt"), num_points=256, cache_points=512, mesh_points=1024, cache_dir=str(tmp_path / "cache"))
+    train, _ = points.pointlist(card, DataConfig(name="mn"))
+    assert len(train) == len(files) and not train.report.bad
+    assert train.clouds.shape == (len(files), 512, 3) and np.isfinite(train.clouds).all()
+    assert train[0][0].shape == (256, 3)
