@@ -13,15 +13,12 @@ from effvision.data.cards import DatasetCard  # noqa: E402
 from effvision.errors import EffvisionError  # noqa: E402
 from effvision.recipe import DataConfig  # noqa: E402
 
-TETRA = "OFF{joined}4 4 0\n0 0 0\n1 0 0\n0 1 0\n0 0 1\n3 0 1 2\n3 0 1 3\n3 0 2 3\n3 1 2 3\n"
-
-
 def _off(path: Path, scale: float, joined: bool = True) -> None:
+    """A tetrahedron; `joined` writes ModelNet's defective header (`OFF4 4 0` on one line)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = TETRA.format(joined="" if joined else "\n")
-    lines = text.splitlines()
-    lines[2:6] = [" ".join(str(float(v) * scale) for v in ln.split()) for ln in lines[2:6]]
-    path.write_text("\n".join(lines) + "\n")
+    verts = [f"{x * scale} {y * scale} {z * scale}" for x, y, z in ((0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1))]
+    head = "OFF4 4 0" if joined else "OFF\n4 4 0"
+    path.write_text("\n".join([head, *verts, "3 0 1 2", "3 0 1 3", "3 0 2 3", "3 1 2 3"]) + "\n")
 
 
 def _card(tmp_path, **over) -> DatasetCard:
@@ -113,6 +110,7 @@ TINY = {"pointnet": {"width": 0.25}, "pointnet2_ssg": {"width": 0.25, "num_centr
 def test_point_models_prune_export_and_quantize(arch, tmp_path):
     from effvision.compress.prune import prune
     from effvision.deploy.exporters import export_verified
+    from effvision.deploy.runtime import onnx_precision
     from effvision.models.factory import create_model
     from effvision.models.profile import count_params
 
@@ -126,8 +124,8 @@ def test_point_models_prune_export_and_quantize(arch, tmp_path):
     batches = [(torch.randn(8, *shape, generator=torch.Generator().manual_seed(s)), torch.zeros(8, dtype=torch.long)) for s in range(3)]
     _, fp32 = export_verified(model, "onnx", "fp32", tmp_path / "m.onnx", shape, batches, batches)
     assert fp32["max_abs_diff"] < 1e-4 and fp32["top1_agreement"] == 1.0
-    _, int8 = export_verified(model, "onnx", "int8", tmp_path / "q.onnx", shape, batches, batches)
-    assert int8["size_bytes"] < 0.5 * fp32["size_bytes"] and int8["top1_agreement"] >= 0.75
+    q, int8 = export_verified(model, "onnx", "int8", tmp_path / "q.onnx", shape, batches, batches)
+    assert onnx_precision(q) == "int8" and int8["top1_agreement"] >= 0.75  # (tiny nets: QDQ nodes outweigh the weights saved)
 
 
 def test_sampling_inside_the_network_refuses_export_and_says_why(tmp_path):
