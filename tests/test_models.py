@@ -12,6 +12,7 @@ from effvision.registry import MODELS
 
 NAMES = MODELS.names() + [c.name for c in list_cards()] + ["timm:resnet10t", "torchvision:mobilenet_v3_small"]
 VIDEO = {n for n in MODELS.names() if getattr(MODELS.get(n), "modality", "image") == "video"} | {c.name for c in list_cards("video")}
+POINTS = {n for n in MODELS.names() if getattr(MODELS.get(n), "modality", "image") == "points"} | {c.name for c in list_cards("points")}
 
 
 # The 3D CNNs and the ResNet-18 TSM hold 11-33M parameters: their sweep runs under `make bench`.
@@ -21,7 +22,8 @@ HEAVY = {"r3d_18", "mc3_18", "r2plus1d_18", "tsm_resnet18"}
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in NAMES])
 def test_model_contract_prune_export_parity(name, tmp_path):
     torch.manual_seed(0)
-    shape = [3, 4, 32, 32] if name in VIDEO else [3, 32, 32]  # video clips are (C, T, H, W)
+    # video clips are (C, T, H, W); point clouds (C, N)
+    shape = [3, 4, 32, 32] if name in VIDEO else [3, 512] if name in POINTS else [3, 32, 32]
     model = create_model(name, num_classes=7, input_size=shape)
     x = torch.randn(2, *shape)
     model.train()

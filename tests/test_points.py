@@ -1,5 +1,6 @@
-"""The point-cloud modality: datasets and their cache, augmentations, the three point networks
-through prune / export / int8, and the generated shapes through the pipeline."""
+"""The point-cloud modality: datasets and their cache, augmentations, and the generated shapes
+through the pipeline with each point network (test_models.py checks their contract, pruning and
+ONNX parity with the rest of the zoo)."""
 import json
 from pathlib import Path
 
@@ -106,28 +107,6 @@ TINY = {"pointnet": {"width": 0.25}, "pointnet2_ssg": {"width": 0.25, "num_centr
         "dgcnn": {"width": 0.25, "k": 8, "emb": 64}}
 
 
-@pytest.mark.parametrize("arch", sorted(TINY))
-def test_point_models_prune_export_and_quantize(arch, tmp_path):
-    from effvision.compress.prune import prune
-    from effvision.deploy.exporters import export_verified
-    from effvision.deploy.runtime import onnx_precision
-    from effvision.models.factory import create_model
-    from effvision.models.profile import count_params
-
-    shape = [3, 128]
-    model = create_model(arch, num_classes=5, input_size=shape, **TINY[arch])
-    x = torch.randn(4, *shape)
-    model(x).sum().backward()  # trains
-    before = count_params(model)
-    model = prune(model.eval(), 0.3)
-    assert count_params(model) < 0.75 * before and model(x).shape == (4, 5)
-    batches = [(torch.randn(8, *shape, generator=torch.Generator().manual_seed(s)), torch.zeros(8, dtype=torch.long)) for s in range(3)]
-    _, fp32 = export_verified(model, "onnx", "fp32", tmp_path / "m.onnx", shape, batches, batches)
-    assert fp32["max_abs_diff"] < 1e-4 and fp32["top1_agreement"] == 1.0
-    q, int8 = export_verified(model, "onnx", "int8", tmp_path / "q.onnx", shape, batches, batches)
-    assert onnx_precision(q) == "int8" and int8["top1_agreement"] >= 0.75  # (tiny nets: QDQ nodes outweigh the weights saved)
-
-
 def test_sampling_inside_the_network_refuses_export_and_says_why(tmp_path):
     from effvision.deploy.onnx_export import export_onnx
     from effvision.models.factory import create_model
@@ -139,7 +118,9 @@ def test_sampling_inside_the_network_refuses_export_and_says_why(tmp_path):
     assert not (tmp_path / "m.onnx").exists()
 
 
-def test_synthetic_shapes_through_the_pipeline(tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", sorted(TINY))
+def test_synthetic_shapes_through_the_pipeline(arch, tmp_path, monkeypatch):
+    """Every point network through train, prune, distill, export and int8 (tiny sizes)."""
     import yaml
 
     from effvision.data.synthetic_shapes import CLASSES
@@ -155,7 +136,7 @@ def test_synthetic_shapes_through_the_pipeline(tmp_path, monkeypatch):
     recipe.write_text(json.dumps({
         "name": "points-tiny", "seed": 0,
         "data": {"name": "tiny-shapes", "root": str(tmp_path / "shapes"), "batch_size": 16},
-        "model": {"name": "pointnet", "kwargs": {"width": 0.25}},
+        "model": {"name": arch, "kwargs": TINY[arch]},
         "stages": [{"name": "baseline", "type": "train", "epochs": 2, "optimizer": "adamw", "lr": 3e-3},
                    {"type": "prune", "ratio": 0.3}, {"type": "distill", "epochs": 1},
                    {"type": "export"}, {"type": "quantize", "calibration_samples": 32}],
