@@ -52,8 +52,10 @@ class DatasetCard(Strict):
 
     @model_validator(mode="after")
     def _modality_defaults(self):
-        if self.sampler is None:
-            self.sampler = {"video": "tsn", "points": "fps"}.get(self.modality)
+        # (assignment re-runs this validator: assign only a real value, once)
+        default = {"video": "tsn", "points": "fps"}.get(self.modality)
+        if self.sampler is None and default is not None:
+            self.sampler = default
         return self
 
 
