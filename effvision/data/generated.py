@@ -2,6 +2,7 @@
 each sample is rendered into a temporary folder that replaces the old one only when complete."""
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 import tempfile
@@ -9,6 +10,9 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from ..errors import EffvisionError
+from .layouts import Accept, folder_entries
 
 
 def write_once(root: Path, params: dict, classes: list[str], per_split: dict[str, int], write_sample: Callable,
@@ -35,3 +39,17 @@ def write_once(root: Path, params: dict, classes: list[str], per_split: dict[str
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def generated_splits(card, config, generate: Callable, accept: Accept, kind: str, progress=None) -> tuple[Path, list, list]:
+    """(root, train pairs, val pairs) of a generated dataset: generate(root, **card.generate)
+    under data.root (default runs/data/<card name>), written once and reused."""
+    options = [p for p in inspect.signature(generate).parameters if p not in ("root", "progress")]
+    unknown = sorted(set(card.generate) - set(options))
+    if unknown:
+        raise EffvisionError(f"dataset {card.name}: unknown generate option {', '.join(unknown)} (choices: {', '.join(options)})")
+    root = Path(config.root or card.root or f"runs/data/{card.name}").expanduser()
+    generate(root, progress=progress, **card.generate)
+    _, train = folder_entries(root / "train", accept, kind)
+    _, val = folder_entries(root / "val", accept, kind)
+    return root, train, val

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EffvisionError
+from .builtin import _split_path, data_root
 
 Accept = Callable[[str], bool]  # does a file name belong to the dataset (by extension)?
 
@@ -82,3 +83,22 @@ def label_indices(pairs: list[tuple[Path, str]], classes: list[str]) -> list[tup
     if missing:
         raise EffvisionError(f"labels not among the training classes: {', '.join(missing[:5])}")
     return [(p, index[c]) for p, c in pairs]
+
+
+def folder_splits(card, config, accept: Accept, kind: str) -> tuple[list[str], list[tuple[Path, str]], list[tuple[Path, str]]]:
+    """(classes, train pairs, val pairs) of <root>/<train>/<class>/<file> and the val split
+    (card train/val name the folders; defaults train, and val or test)."""
+    root = data_root(card, config)
+    classes, train = folder_entries(_split_path(root, card.train, ("train",)), accept, kind)
+    _, val = folder_entries(_split_path(root, card.val, ("val", "test")), accept, kind)
+    return classes, train, val
+
+
+def list_splits(card, config, accept: Accept) -> tuple[list[str], list[tuple[Path, str]], list[tuple[Path, str]]]:
+    """(classes, train pairs, val pairs) of the annotation lists a card names (train, val),
+    relative to the data root like their entries."""
+    root = data_root(card, config)
+    if not card.train or not card.val:
+        raise EffvisionError(f"dataset {card.name}: a {card.source} card names its train and val list files")
+    train, val = list_entries(root / card.train, root, accept), list_entries(root / card.val, root, accept)
+    return class_names([c for _, c in train]), train, val

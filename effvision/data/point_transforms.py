@@ -14,10 +14,11 @@ import torch
 AXES = {"x": 0, "y": 1, "z": 2}
 
 
-def _rotation_about(axis: int, angle: float) -> torch.Tensor:
+def rotation_about(axis: int, angle: float) -> np.ndarray:
+    """The 3x3 rotation by `angle` radians about axis 0, 1 or 2 (x, y, z)."""
     c, s = math.cos(angle), math.sin(angle)
     i, j = [a for a in range(3) if a != axis]
-    r = torch.eye(3)
+    r = np.eye(3)
     r[i, i], r[i, j], r[j, i], r[j, j] = c, -s, s, c
     return r
 
@@ -31,7 +32,7 @@ class PointTrainTransform:
         p = torch.from_numpy(np.array(points, dtype=np.float32))
         xyz = p[:, :3]
         if a.rotate:
-            xyz = xyz @ _rotation_about(self.up, float(torch.rand(()) * 2 * math.pi)).T
+            xyz = xyz @ torch.from_numpy(rotation_about(self.up, float(torch.rand(()) * 2 * math.pi))).float().T
         lo, hi = a.scale
         if hi > lo or lo != 1.0:
             xyz = xyz * (lo + (hi - lo) * torch.rand(3))

@@ -20,9 +20,10 @@ import torch
 from ..errors import EffvisionError
 from ..fileio import atomic_write
 from ..registry import DATASETS
-from .builtin import _split_path, data_root
+from .builtin import data_root
 from .images import ScanReport
-from .layouts import class_names, folder_entries, label_indices, list_entries, modelnet_entries
+from .generated import generated_splits
+from .layouts import folder_splits, label_indices, list_splits, modelnet_entries
 from .point_io import PointCloudError, guess_bin_width, is_point_file, read_points
 from .point_samplers import PointSampler, _fill, farthest_point_indices, get_point_sampler, normalize_unit_sphere
 
@@ -132,24 +133,19 @@ def pointfolder(card, config, progress=None):
     """ModelNet's <root>/<class>/train|test/<file>, or <root>/<train>/<class>/<file> and the val
     split alike (card train/val name the split folders; defaults train and val or test)."""
     root = data_root(card, config)
-    splits = (card.train or "train", card.val or "test")
-    if not any((root / s).is_dir() for s in ("train", "val", "test", card.train or "train")):
-        classes, train = modelnet_entries(root, splits[0], is_point_file, "point clouds")
-        _, val = modelnet_entries(root, splits[1], is_point_file, "point clouds")
+    if any((root / s).is_dir() for s in ("train", "val", "test", card.train or "train")):
+        classes, train, val = folder_splits(card, config, is_point_file, "point clouds")
     else:
-        classes, train = folder_entries(_split_path(root, card.train, ("train",)), is_point_file, "point clouds")
-        _, val = folder_entries(_split_path(root, card.val, ("val", "test")), is_point_file, "point clouds")
+        classes, train = modelnet_entries(root, card.train or "train", is_point_file, "point clouds")
+        _, val = modelnet_entries(root, card.val or "test", is_point_file, "point clouds")
     return _build(card, config, train, val, classes, progress)
 
 
 @DATASETS.register("pointlist")
 def pointlist(card, config, progress=None):
     """Annotation lists (card train/val, relative to root) whose entries are relative to root."""
-    root = data_root(card, config)
-    if not card.train or not card.val:
-        raise EffvisionError(f"dataset {card.name}: a pointlist card names its train and val list files")
-    train, val = list_entries(root / card.train, root, is_point_file), list_entries(root / card.val, root, is_point_file)
-    return _build(card, config, train, val, class_names([c for _, c in train]), progress)
+    classes, train, val = list_splits(card, config, is_point_file)
+    return _build(card, config, train, val, classes, progress)
 
 
 @DATASETS.register("synthetic-shapes")
@@ -158,13 +154,6 @@ def synthetic_shapes(card, config, progress=None):
     runs/data/synthetic-shapes) and reused; their cache lives beside them (<root>/.cache)."""
     from .synthetic_shapes import CLASSES, generate
 
-    root = Path(config.root or card.root or "runs/data/synthetic-shapes").expanduser()
-    try:
-        generate(root, progress=progress, **card.generate)
-    except TypeError:
-        raise EffvisionError(f"dataset {card.name}: unknown generate option in {sorted(card.generate)} "
-                             "(choices: train_per_class, val_per_class, points, seed)") from None
-    _, train = folder_entries(root / "train", is_point_file, "point clouds")
-    _, val = folder_entries(root / "val", is_point_file, "point clouds")
+    root, train, val = generated_splits(card, config, generate, is_point_file, "point clouds", progress)
     card = card.model_copy(update={"cache_dir": str(root / ".cache")})
     return _build(card, config, train, val, list(CLASSES), progress)

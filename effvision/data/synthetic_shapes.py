@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import EffvisionError
 from .generated import write_once
 from .point_io import _open3d
+from .point_transforms import rotation_about
 
 CLASSES = ["arrow", "box", "cone", "cylinder", "octahedron", "sphere", "tetrahedron", "torus"]
 VERSION = 1
@@ -42,15 +43,10 @@ def _mesh(name: str, rng: np.random.Generator):
 
 
 def _rotation(rng: np.random.Generator) -> np.ndarray:
-    def about(axis: int, a: float) -> np.ndarray:
-        c, s = math.cos(a), math.sin(a)
-        i, j = [k for k in range(3) if k != axis]
-        r = np.eye(3)
-        r[i, i], r[i, j], r[j, i], r[j, j] = c, -s, s, c
-        return r
-
+    """A turn about the up (z) axis, tilted up to 20 degrees about x and y."""
     tilt = math.radians(20)
-    return about(2, rng.uniform(0, 2 * math.pi)) @ about(0, rng.uniform(-tilt, tilt)) @ about(1, rng.uniform(-tilt, tilt))
+    turns = (rotation_about(2, rng.uniform(0, 2 * math.pi)), rotation_about(0, rng.uniform(-tilt, tilt)), rotation_about(1, rng.uniform(-tilt, tilt)))
+    return turns[0] @ turns[1] @ turns[2]
 
 
 def render_shape(label: int, rng: np.random.Generator, points: int = 2048) -> np.ndarray:

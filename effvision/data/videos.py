@@ -15,10 +15,10 @@ import torch
 
 from ..errors import EffvisionError
 from ..registry import DATASETS
-from .builtin import _split_path, data_root
 from .frame_samplers import FrameSampler, get_sampler
+from .generated import generated_splits
 from .images import ScanReport
-from .layouts import class_names, folder_entries, label_indices, list_entries
+from .layouts import folder_splits, label_indices, list_splits
 from .video_io import VideoError, is_video, open_video
 
 
@@ -100,20 +100,15 @@ def _build(card, config, train_pairs, val_pairs, classes, progress):
 @DATASETS.register("videofolder")
 def videofolder(card, config, progress=None):
     """<root>/<train>/<class>/<video> and the val split alike (default folders train, val or test)."""
-    root = data_root(card, config)
-    classes, train = folder_entries(_split_path(root, card.train, ("train",)), is_video, "videos")
-    _, val = folder_entries(_split_path(root, card.val, ("val", "test")), is_video, "videos")
+    classes, train, val = folder_splits(card, config, is_video, "videos")
     return _build(card, config, train, val, classes, progress)
 
 
 @DATASETS.register("videolist")
 def videolist(card, config, progress=None):
     """Annotation lists (card train/val, relative to root) whose entries are relative to root."""
-    root = data_root(card, config)
-    if not card.train or not card.val:
-        raise EffvisionError(f"dataset {card.name}: a videolist card names its train and val list files")
-    train, val = list_entries(root / card.train, root, is_video), list_entries(root / card.val, root, is_video)
-    return _build(card, config, train, val, class_names([c for _, c in train]), progress)
+    classes, train, val = list_splits(card, config, is_video)
+    return _build(card, config, train, val, classes, progress)
 
 
 @DATASETS.register("synthetic-motion")
@@ -122,12 +117,5 @@ def synthetic_motion(card, config, progress=None):
     (default runs/data/synthetic-motion) and reused."""
     from .synthetic_motion import CLASSES, generate
 
-    root = Path(config.root or card.root or "runs/data/synthetic-motion").expanduser()
-    try:
-        generate(root, progress=progress, **card.generate)
-    except TypeError:
-        raise EffvisionError(f"dataset {card.name}: unknown generate option in {sorted(card.generate)} "
-                             "(choices: train_per_class, val_per_class, frames, size, seed)") from None
-    _, train = folder_entries(root / "train", is_video, "videos")
-    _, val = folder_entries(root / "val", is_video, "videos")
+    _, train, val = generated_splits(card, config, generate, is_video, "videos", progress)
     return _build(card, config, train, val, list(CLASSES), progress)
