@@ -2,7 +2,7 @@
 bench (the harness over every artifact of the run, with the device's roofline and plots)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
@@ -20,7 +20,8 @@ class ExportConfig(StageConfig):
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
     calibration_samples: int = Field(256, gt=0, description="training samples that calibrate int8 activations")
     parity_batches: int = Field(4, ge=1, description="validation batches compared against PyTorch")
-    tolerance: float = Field(1e-3, gt=0, description="largest max-abs logit difference accepted for fp32")
+    tolerance: Optional[float] = Field(None, gt=0, description="largest max-abs logit difference accepted for fp32 "
+                                       "(default 1e-3, or the model's parity_tolerance when it picks neighbours)")
     min_agreement: float = Field(0.9, ge=0, le=1, description="smallest top-1 agreement with PyTorch accepted")
 
     @field_validator("format")
@@ -37,8 +38,9 @@ def run_export(ctx, cfg: ExportConfig) -> StageResult:
     path, check = export_verified(ctx.model, cfg.format, cfg.precision, ctx.stage_dir / f"model{suffix}", ctx.input_shape,
                                   ctx.data.calibration_loader(cfg.calibration_samples, seed=ctx.seed), ctx.data.val_loader(),
                                   cfg.parity_batches, data=ctx.data.name)
-    if cfg.precision == "fp32" and check["max_abs_diff"] > cfg.tolerance:
-        raise EffvisionError(f"exported {cfg.format} differs from PyTorch by {check['max_abs_diff']:.2e} > tolerance {cfg.tolerance:g} ({path})")
+    tolerance = cfg.tolerance or getattr(ctx.model, "parity_tolerance", 1e-3)
+    if cfg.precision == "fp32" and check["max_abs_diff"] > tolerance:
+        raise EffvisionError(f"exported {cfg.format} differs from PyTorch by {check['max_abs_diff']:.2e} > tolerance {tolerance:g} ({path})")
     if check["top1_agreement"] < cfg.min_agreement:
         raise EffvisionError(f"exported {cfg.format} {cfg.precision} agrees with PyTorch on {check['top1_agreement']:.1%} of samples "
                              f"< min_agreement {cfg.min_agreement:.0%} ({path})")
