@@ -65,10 +65,12 @@ class DatasetBundle:
     def summary(self) -> dict[str, Any]:
         out = {"name": self.name, "modality": self.modality, "train_size": len(self.train), "val_size": len(self.val),
                "num_classes": self.num_classes, "bad_samples": len(self.bad_samples)}
+        if self.modality in ("video", "points"):
+            out["sampler"] = self.card.sampler_name(self.config)
         if self.modality == "video":
-            out.update(sampler=self.config.sampler or self.card.sampler, frames_per_clip=self.input_size[1])
+            out["frames_per_clip"] = self.input_size[1]
         if self.modality == "points":
-            out.update(sampler=self.config.sampler or self.card.sampler, **_parent(self.train).summary())
+            out.update(_parent(self.train).summary())
         return out
 
     def train_loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> DataLoader:

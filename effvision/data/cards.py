@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ..errors import EffvisionError
 from ..paths import card_files
@@ -50,13 +50,10 @@ class DatasetCard(Strict):
     generate: dict[str, Any] = Field(default_factory=dict, description="parameters of a generated dataset")
     description: str = ""
 
-    @model_validator(mode="after")
-    def _modality_defaults(self):
-        # (assignment re-runs this validator: assign only a real value, once)
-        default = {"video": "tsn", "points": "fps"}.get(self.modality)
-        if self.sampler is None and default is not None:
-            self.sampler = default
-        return self
+    def sampler_name(self, config) -> str | None:
+        """The sampler a run uses: the recipe's (data.sampler), the card's, else the modality's
+        default (tsn for video, fps for points)."""
+        return config.sampler or self.sampler or {"video": "tsn", "points": "fps"}.get(self.modality)
 
 
 def get_card(name: str) -> DatasetCard:

@@ -1,8 +1,8 @@
 """Point-cloud loader speed (BENCHMARKS.md): samples per second of read -> normalise -> FPS to N
-points (the `fps` sampler, open3d inside), and our farthest-point sampling — a NumPy loop and the
-torch loop PointNet++ runs inside the network (centroids: fps) — against open3d's
-farthest_point_down_sample on the same clouds, alternating round by round so the ratios are
-measured side by side (the measurement that chose open3d for the sampler). With --dataset,
+points (the `fps` sampler, open3d inside), and our farthest-point sampling — the torch loop
+PointNet++ runs inside the network (centroids: fps) — against open3d's farthest_point_down_sample
+on the same clouds, alternating round by round so the ratio is measured side by side (the
+measurement that chose open3d for the data pipeline). With --dataset,
 also the training loader of a dataset card: clouds drawn from its cache, FPS to N with a random
 start, augmented and batched, as an epoch sees them.
 
@@ -26,17 +26,6 @@ from .point_io import POINT_EXTS, guess_bin_width, read_points
 from .point_samplers import farthest_point_indices, normalize_unit_sphere
 
 
-def numpy_fps(xyz: np.ndarray, k: int) -> np.ndarray:
-    """The textbook loop (O(N k), vectorised per step): the reference open3d is measured against."""
-    k = min(k, len(xyz))
-    chosen, dist, current = np.empty(k, dtype=np.int64), np.full(len(xyz), np.inf), 0
-    for i in range(k):
-        chosen[i] = current
-        dist = np.minimum(dist, ((xyz - xyz[current]) ** 2).sum(axis=1))
-        current = int(dist.argmax())
-    return chosen
-
-
 def _width(path: Path) -> int:
     return {"nuscenes": 5, "scannet": 6, "sunrgbd": 6}.get(path.name.split("__")[0], guess_bin_width(path)) if path.suffix == ".bin" else 4
 
@@ -47,19 +36,15 @@ def measure(files: list[Path], points: int, rounds: int) -> dict:
     for f, cloud in clouds.items():
         xyz = cloud[:, :3].astype(np.float64)
         batch = torch.from_numpy(np.ascontiguousarray(xyz.T, dtype=np.float32))[None]
-        numpy_s, torch_s, open3d_s = [], [], []
+        torch_s, open3d_s = [], []
         for _ in range(rounds):
-            t = time.perf_counter()
-            numpy_fps(xyz, points)
-            numpy_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             farthest_point_sample(batch, min(points, len(xyz)))
             torch_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             farthest_point_indices(xyz, points)
             open3d_s.append(time.perf_counter() - t)
-        fps_rows.append({"file": f.name, "points_in": len(cloud), "numpy_ms": 1000 * statistics.median(numpy_s),
-                         "torch_ms": 1000 * statistics.median(torch_s), "open3d_ms": 1000 * statistics.median(open3d_s)})
+        fps_rows.append({"file": f.name, "points_in": len(cloud), "torch_ms": 1000 * statistics.median(torch_s), "open3d_ms": 1000 * statistics.median(open3d_s)})
     loader = []
     for _ in range(rounds):
         t = time.perf_counter()
@@ -99,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no point-cloud files under {args.root}", file=sys.stderr)
         return 1
     result = measure(files, args.points, args.rounds)
-    print("| file | points | NumPy FPS ms | torch FPS (in-network) ms | open3d FPS ms |\n|---|---|---|---|---|")
+    print("| file | points | ours: torch FPS (in-network) ms | open3d FPS ms |\n|---|---|---|---|")
     for r in result["fps"]:
-        print(f"| {r['file'][:40]} | {r['points_in']} | {r['numpy_ms']:.1f} | {r['torch_ms']:.1f} | {r['open3d_ms']:.1f} |")
+        print(f"| {r['file'][:40]} | {r['points_in']} | {r['torch_ms']:.1f} | {r['open3d_ms']:.1f} |")
     print(f"loader (read, normalise, FPS to {args.points}): {result['loader_samples_per_s']:.1f} samples/s")
     if args.dataset:
         result["cached"] = cached_loader(args.dataset, args.points, args.rounds)

@@ -98,28 +98,26 @@ class PointCloudDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.clouds)
 
-    def sample(self, i: int):
-        """The sampler's draw from cloud i (fresh in training, fixed per sample otherwise)."""
-        rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())) if self.train else i)
-        return self.sampler(self.clouds[i], self.train, rng)
-
     def __getitem__(self, i: int):
-        points = self.sample(i).points
+        # the sampler draws afresh in training and the same points per sample otherwise
+        rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())) if self.train else i)
+        points = self.sampler(self.clouds[i], self.train, rng).points
         return (self.transform(points) if self.transform else points), self.targets[i]
 
     def summary(self) -> dict:
-        """Points and bytes per sample: in the files, and what the sampler keeps."""
-        kept = self.sample(0)
+        """Points and bytes per sample: in the files, and what the sampler keeps (every sampler
+        returns exactly num_points float32 points of the cached channels)."""
+        n, channels = self.sampler.num_points, self.clouds.shape[2]
         return {"source_points_per_sample": round(float(self.source_points.mean()), 1),
                 "source_bytes_per_sample": round(float(self.source_bytes.mean()), 1),
-                "points_per_sample": int(kept.points.shape[0]), "bytes_per_sample": int(kept.points.nbytes)}
+                "points_per_sample": n, "bytes_per_sample": n * channels * 4}
 
 
 def _sampler(card, config) -> PointSampler:
     n = config.num_points or card.num_points
     if n > card.cache_points:
         raise EffvisionError(f"dataset {card.name}: num_points ({n}) exceeds cache_points ({card.cache_points}); raise cache_points")
-    return get_point_sampler(config.sampler or card.sampler, n, **card.sampler_options)
+    return get_point_sampler(card.sampler_name(config), n, **card.sampler_options)
 
 
 def _build(card, config, train_pairs, val_pairs, classes, progress):

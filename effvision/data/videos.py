@@ -84,7 +84,7 @@ def video_dataset(pairs: list[tuple[Path, str]], classes: list[str], sampler: Fr
 
 
 def _samplers(card, config) -> tuple[FrameSampler, int]:
-    sampler = get_sampler(config.sampler or card.sampler, config.num_frames or card.num_frames, **card.sampler_options)
+    sampler = get_sampler(card.sampler_name(config), config.num_frames or card.num_frames, **card.sampler_options)
     short = card.resize or card.image_size
     if short < card.image_size:
         raise EffvisionError(f"dataset {card.name}: resize ({short}) must be at least image_size ({card.image_size}): crops are cut from the decoded frames")
