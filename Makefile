@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo test bench bench-video bench-points bench-cpu gpu-bench gpu-wheels sysdeps clean help
+.PHONY: install demo test bench bench-video bench-points bench-data bench-cpu gpu-bench gpu-wheels sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench  - slow tests and the CIFAR-10 pipeline on ../shared/datasets"
 	@echo "make bench-video - video loader speed, the video demo and its single-frame twin (BENCHMARKS.md)"
 	@echo "make bench-points - point-cloud loader and FPS speed, and the point-cloud demo (BENCHMARKS.md)"
+	@echo "make bench-data  - data efficiency studies: CIFAR-10 selection and compression, digits calibration sets (BENCHMARKS.md)"
 	@echo "make bench-cpu   - the CPU deployment benchmark (BENCHMARKS.md), about 30 min on 2 cores"
 	@echo "make gpu-bench   - the GPU deployment benchmark on one CUDA GPU, under 8 min (--out: \$$OUT or runs/bench-gpu)"
 	@echo "make gpu-wheels  - fetch the wheels gpu-bench installs on a machine without a package registry"
@@ -61,6 +62,17 @@ bench-video: $(STAMP)
 bench-points: $(STAMP)
 	$(BIN)/python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024 --rounds 3 --dataset synthetic-shapes --json runs/point-loader.json
 	$(BIN)/effvision compress compress/points-default.yaml --run-dir runs/points-default
+
+# Data efficiency (BENCHMARKS.md): coreset selection on CIFAR-10 (about 55 min on 2 cores), the
+# training split compressed at several levels, and calibration sets of the digits demo.
+bench-data: $(STAMP)
+	$(BIN)/effvision study selection compress/cifar10-selection.yaml --set data.root=../shared/datasets --seeds 3 --out runs/study-selection-cifar10
+	$(BIN)/effvision study selection compress/cifar10-selection.yaml --set data.root=../shared/datasets --seeds 3 --out runs/study-selection-cifar10 \
+	  --methods random,el2n,forgetting,kcenter,gradient_clusters,el2n:keep=easy,forgetting:keep=easy
+	$(BIN)/effvision study data-compression compress/cifar10-selection.yaml --set data.root=../shared/datasets --set data.max_train_samples=20000 \
+	  --out runs/study-data-compression-cifar10
+	$(BIN)/effvision compress compress/default.yaml --run-dir runs/demo
+	$(BIN)/effvision study calibration runs/demo --selectors random,class_balanced,kcenter,herding --n 256 --seeds 5
 
 # The CPU deployment table. Trained weights come from compress/resnet18_cifar10.yaml (run first
 # when missing); the shared real images calibrate int8 and check every export's agreement.

@@ -17,9 +17,11 @@ from .errors import EffvisionError
 app = typer.Typer(help="Efficient visual recognition end to end: fine-tune, compress, export and benchmark compact models.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 zoo_app = typer.Typer(help="The model zoo (cards under models/).", no_args_is_help=True)
-data_app = typer.Typer(help="Datasets: inspect files.", no_args_is_help=True)
+data_app = typer.Typer(help="Datasets: inspect files, write compressed copies.", no_args_is_help=True)
+study_app = typer.Typer(help="Studies: sweeps that write a table (results.json, .md) and a plot.", no_args_is_help=True)
 app.add_typer(zoo_app, name="zoo")
 app.add_typer(data_app, name="data")
+app.add_typer(study_app, name="study")
 # Piped output (CI logs, `| tee`) would otherwise wrap tables at 80 columns.
 out = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -97,6 +99,41 @@ def data_inspect(path: Path = typer.Argument(..., help="A file, a folder or a .z
              r["error"] or _details(r)] for r in shown])
 
 
+@data_app.command("compress")
+def data_compress(src: Path = typer.Argument(..., help="A dataset folder or .zip (any layout; it is kept)."),
+                  dst: Path = typer.Argument(..., help="A new folder, or a .zip file, for the compressed copy."),
+                  max_size: Optional[int] = typer.Option(None, help="Images: longest side in pixels."),
+                  quality: Optional[int] = typer.Option(None, help="Images: JPEG/WebP quality 1-100 (default: Pillow's 75)."),
+                  image_format: str = typer.Option("jpeg", "--format", help="Images: jpeg, webp or png."),
+                  stride: Optional[int] = typer.Option(None, help="Videos: keep every k-th frame."),
+                  keyframes: bool = typer.Option(False, "--keyframes", help="Videos: keep key frames only."),
+                  short_side: Optional[int] = typer.Option(None, help="Videos: re-encode at this short side (even)."),
+                  crf: int = typer.Option(23, help="Videos: libx264 CRF 0-51 (higher: smaller files, lower quality)."),
+                  voxel_size: Optional[float] = typer.Option(None, help="Points: one point per voxel of this size (the file's units)."),
+                  points: Optional[int] = typer.Option(None, "--points", help="Points: keep this many, farthest-point sampled."),
+                  decode_sample: int = typer.Option(500, min=1, help="Files decoded to measure decode throughput before and after."),
+                  json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the figures here as JSON.")):
+    """Write a compressed copy of a dataset and report bytes before/after and decode throughput
+    (median of 3 passes over the same sample of files, before and after, in one run)."""
+    from .data.compression import Levels, compress_dataset
+    from .fileio import write_json
+    from .progress import track
+    from .report import fmt_bytes
+
+    lv = Levels(max_size=max_size, quality=quality, image_format=image_format, stride=stride, keyframes=keyframes, short_side=short_side,
+                crf=crf, voxel_size=voxel_size, num_points=points)
+    stats = compress_dataset(src, dst, lv, progress=track, decode_sample=decode_sample)
+    rows = [["files", f"{stats['files']} ({stats['compressed']} compressed, {stats['copied']} copied, {len(stats['failed'])} unreadable)"],
+            ["bytes", f"{fmt_bytes(stats['bytes_before'])} -> {fmt_bytes(stats['bytes_after'])} ({stats['ratio']:.1%})"]]
+    if "decode_per_s_before" in stats:
+        rows.append([f"decode {stats['decode_unit']}/s", f"{stats['decode_per_s_before']:.0f} -> {stats['decode_per_s_after']:.0f} "
+                     f"(x{stats['decode_per_s_after'] / stats['decode_per_s_before']:.2f}, {stats['decode_sample']} files)"])
+    rows += [["unreadable", f["path"] + ": " + f["error"]] for f in stats["failed"][:20]]
+    _table(f"{src} -> {dst}", ["", "value"], rows)
+    if json_file:
+        write_json(json_file, stats)
+
+
 def _details(r: dict) -> str:
     if r.get("frames") is not None:
         return f"{r['frames']} frames, {r['fps']:g} fps, {r['backend']}"
@@ -137,8 +174,8 @@ def compress(recipe: str = typer.Argument(..., help="Recipe YAML (or a name unde
 def train(recipe: str = typer.Argument(..., help="Recipe YAML (or a name under compress/)."),
           set_: List[str] = typer.Option([], "--set", help=SET_HELP),
           run_dir: Optional[Path] = typer.Option(None, help="Run folder (default runs/<recipe name>).")):
-    """Run only the recipe's train stages (a later `compress` on the same run folder resumes after them)."""
-    _run(recipe, set_, run_dir, {"train"})
+    """Run only the recipe's select and train stages (a later `compress` on the same run folder resumes after them)."""
+    _run(recipe, set_, run_dir, {"select", "train"})
 
 
 @app.command()
@@ -290,6 +327,75 @@ def bench(artifact: str = typer.Argument(..., help="An .onnx or .pte file, an ef
     if out_dir:
         paths = write_results(rows, out_dir, meta, f"effvision bench: {artifact}")
         out.print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+# ----------------------------------------------------------------------------- studies
+def _budgets(value: str) -> list:
+    """'0.1,0.3' are fractions, '500' a count of samples."""
+    import yaml
+
+    items = [yaml.safe_load(v) for v in _csv(value)]
+    if not items or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in items):
+        raise EffvisionError(f"--budgets {value}: give fractions in (0, 1] or sample counts, comma-separated")
+    return items
+
+
+@study_app.command("selection")
+def study_selection(recipe: str = typer.Argument(..., help="A recipe with a train stage (and optionally a select stage for the proxy settings)."),
+                    methods: str = typer.Option("random,el2n,forgetting,kcenter,gradient_clusters", help="Comma list of selectors (random is always added)."),
+                    budgets: str = typer.Option("0.1,0.3,0.5", help="Comma list of fractions of the training split (or sample counts)."),
+                    seeds: int = typer.Option(3, min=1, help="Seeds per (selector, budget); the table gives mean ± std."),
+                    set_: List[str] = typer.Option([], "--set", help=SET_HELP),
+                    out_dir: Optional[Path] = typer.Option(None, "--out", help="Results folder (default runs/study-selection-<recipe name>); a rerun resumes.")):
+    """Accuracy against budget for each selector: trains on every subset with the recipe's train
+    stage and on all data; writes results.json, selection.md and selection.png."""
+    from .device import resolve_device
+    from .recipe import load_recipe
+    from .studies.selection import selection_study, to_markdown
+
+    r = load_recipe(recipe, set_)
+    out_dir = out_dir or Path("runs") / f"study-selection-{r.name}"
+    names, budget_list = _csv(methods), _budgets(budgets)
+    summary = selection_study(r, names, budget_list, seeds, out_dir, resolve_device(r.device))
+    out.print(to_markdown(summary, ["random", *[m for m in names if m != "random"]], budget_list, seeds))
+    out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'selection.md'}, {out_dir / 'selection.png'}")
+
+
+@study_app.command("data-compression")
+def study_data_compression(recipe: str = typer.Argument(..., help="A recipe with a train stage whose dataset has train/val splits under data.root."),
+                           levels: str = typer.Option("original,quality=95,quality=75,quality=50,quality=30,size=24+quality=95,size=16+quality=95",
+                                                      help="Comma list of levels: original, or key=value joined by + "
+                                                           "(quality, size, format, stride, keyframes, short_side, crf, voxel, points)."),
+                           seeds: int = typer.Option(1, min=1, help="Training seeds per level."),
+                           set_: List[str] = typer.Option([], "--set", help=SET_HELP),
+                           out_dir: Optional[Path] = typer.Option(None, "--out", help="Results and compressed copies (default runs/study-data-compression-<recipe name>).")):
+    """Bytes, decode throughput and accuracy per compression level of the training split (the
+    model trains on the compressed copy and is evaluated on the original validation split)."""
+    from .device import resolve_device
+    from .recipe import load_recipe
+    from .studies.data_compression import data_compression_study, to_markdown
+
+    r = load_recipe(recipe, set_)
+    out_dir = out_dir or Path("runs") / f"study-data-compression-{r.name}"
+    summary = data_compression_study(r, _csv(levels), seeds, out_dir, resolve_device(r.device))
+    out.print(to_markdown(summary))
+    out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'data_compression.md'}, {out_dir / 'data_compression.png'}")
+
+
+@study_app.command("calibration")
+def study_calibration(run_dir: Path = typer.Argument(..., help="A finished run folder (its last model and fp32 ONNX file are used)."),
+                      selectors: str = typer.Option("random,kcenter", help="Comma list of selectors choosing the calibration samples."),
+                      n: int = typer.Option(256, min=1, help="Calibration samples."),
+                      seeds: int = typer.Option(3, min=1, help="Seeds per selector."),
+                      out_dir: Optional[Path] = typer.Option(None, "--out", help="Results folder (default <run>/study-calibration).")):
+    """int8 accuracy (ONNX Runtime) when each selector picks the calibration set, over seeds."""
+    from .device import resolve_device
+    from .studies.calibration import calibration_study, to_markdown
+
+    out_dir = out_dir or run_dir / "study-calibration"
+    summary = calibration_study(run_dir, _csv(selectors), n, seeds, out_dir, resolve_device("auto"))
+    out.print(to_markdown(summary))
+    out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'calibration.md'}")
 
 
 # ----------------------------------------------------------------------------- entry point

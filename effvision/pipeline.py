@@ -40,10 +40,13 @@ class RunContext:
         self.stage_dir: Path = run_dir
         self._model: Optional[torch.nn.Module] = None
         self._data = None
+        self._selection: Optional[tuple[list[int], Optional[list[float]]]] = None  # a select stage's coreset of the training split
+        self._selected = None
 
     # -- shared inputs -------------------------------------------------------------------
     @property
     def data(self):
+        """The recipe's dataset; after a select stage, its training split is the kept coreset."""
         if self._data is None:
             from .data import load_dataset
 
@@ -52,7 +55,26 @@ class RunContext:
             if summary["bad_samples"]:
                 log(f"[yellow]skipped {summary['bad_samples']} unreadable files[/] (first: {self._data.bad_samples[0][0]})")
             write_json(self.run_dir / "dataset.json", {**summary, "bad_files": [p for p, _ in self._data.bad_samples[:100]]})
-        return self._data
+        if self._selection is None:
+            return self._data
+        if self._selected is None:
+            self._selected = self._data.with_train_subset(*self._selection)
+        return self._selected
+
+    def select_train(self, indices, weights=None) -> Path:
+        """Train later stages on these samples of the current training split; saved as selection.json."""
+        current = self._selection[0] if self._selection else range(len(self.data.train))
+        full = [int(current[i]) for i in indices]  # indices into the whole training split
+        w = None if weights is None else [round(float(v), 6) for v in weights]
+        path = write_text(self.stage_dir / "selection.json", json.dumps({"indices": full, "weights": w}))
+        self._selection, self._selected = (full, w), None
+        return path
+
+    def calibration_loader(self, cfg):
+        """The int8 calibration samples a CalibrationConfig asks for, scored by the current model."""
+        from .compress.selection import calibration_indices
+
+        return self.data.train_eval_loader(calibration_indices(self.data, cfg, self.model, self.device, self.seed), batch_size=32)
 
     @property
     def input_shape(self) -> list[int]:
@@ -129,7 +151,7 @@ class RunContext:
         """(stage name, kind, artifact) for every stage artifact, or only the last of each kind."""
         from .models import load_checkpoint
 
-        items = [(r["name"], kind, self.run_dir / path) for r in self.records for kind, path in r["artifacts"].items()]
+        items = [(r["name"], kind, self.run_dir / path) for r in self.records for kind, path in r["artifacts"].items() if kind in ("model", "onnx", "pte")]
         if targets == "final":
             items = list({kind: (name, kind, path) for name, kind, path in items}.values())  # the last of each kind
         for name, kind, path in items:
@@ -166,6 +188,9 @@ class RunContext:
             self.model_path, self._model = self.run_dir / arts["model"], None
         if "onnx" in arts:
             self.onnx = self.run_dir / arts["onnx"]
+        if "selection" in arts:
+            saved = read_json(self.run_dir / arts["selection"])
+            self._selection, self._selected = (saved["indices"], saved["weights"]), None
         self.records.append(record)
 
 

@@ -63,7 +63,7 @@ def fmt_num(n) -> str:
     return str(n)
 
 
-def _fmt_bytes(n) -> str:
+def fmt_bytes(n) -> str:
     if n is None:
         return "-"
     for unit, div in (("MB", 1 << 20), ("kB", 1 << 10)):
@@ -86,7 +86,7 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     for i, s in enumerate(report["stages"], 1):
         lat, tp = s.get("latency_ms"), s.get("throughput")
-        rows.append([str(i), s["name"], s["type"], fmt_num(s.get("params")), fmt_num(s.get("macs")), _fmt_bytes(s.get("size_bytes")),
+        rows.append([str(i), s["name"], s["type"], fmt_num(s.get("params")), fmt_num(s.get("macs")), fmt_bytes(s.get("size_bytes")),
                      f"{s['accuracy']:.4f}" if s.get("accuracy") is not None else "-", _measured_with(s),
                      f"{lat['p50']:.3f} {_SHORT.get(lat['backend'], lat['backend'])}" if lat else "-", f"{tp['samples_per_s']:.0f} (b={tp['batch']})" if tp else "-",
                      f"{s.get('wall_s', 0):.1f}", f"{s['time_to_accuracy_s']:.1f}" if s.get("time_to_accuracy_s") is not None else "-"])
@@ -100,8 +100,8 @@ def to_markdown(report: dict) -> str:
         d = report["dataset"]
         out.append(f"Dataset: {d['name']} ({d['modality']}), train {d['train_size']}, val {d['val_size']}, {d.get('bad_samples', 0)} unreadable files skipped")
         if d.get("points_per_sample"):
-            out.append(f"Points per sample: {d['points_per_sample']} kept by the {d['sampler']} sampler ({_fmt_bytes(d['bytes_per_sample'])}) "
-                       f"of {d['source_points_per_sample']:g} in the files ({_fmt_bytes(d['source_bytes_per_sample'])} on disk)")
+            out.append(f"Points per sample: {d['points_per_sample']} kept by the {d['sampler']} sampler ({fmt_bytes(d['bytes_per_sample'])}) "
+                       f"of {d['source_points_per_sample']:g} in the files ({fmt_bytes(d['source_bytes_per_sample'])} on disk)")
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     for s in report["stages"]:
@@ -109,6 +109,10 @@ def to_markdown(report: dict) -> str:
             out += ["", f"Test views ({s['name']}): {s['clips']} clips x {s['crops']} crops = {s['views']} forward passes per video, "
                         f"{fmt_num(s.get('macs_per_video'))} MACs, {s.get('frames_decoded_per_video')} decoded frames and "
                         f"{s.get('ms_per_video')} ms per video (decoding included)."]
+        if s["type"] == "select":
+            out += ["", f"Selection ({s['name']}): {s['selected']} of {s['of']} training samples kept by `{s['selector']}` (budget {s['budget']}"
+                        f"{', weighted' if s.get('weighted') else ''}); proxy training {s['proxy_train_s']:.1f} s, scoring {s['scoring_s']:.1f} s. "
+                        "Later stages train on them."]
     bench = [s for s in report["stages"] if s["type"] == "bench"]
     if bench and bench[-1].get("all_measurements"):
         from .deploy.results import markdown_table

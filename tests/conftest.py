@@ -27,7 +27,7 @@ def tiny_recipe(**over) -> dict:
             {"type": "prune", "ratio": 0.5},
             {"type": "distill", "epochs": 1},
             {"type": "export"},
-            {"type": "quantize", "calibration_samples": 64},
+            {"type": "quantize", "calibration": {"n": 64}},
             {"type": "bench", "warmup": 2, "repeats": 5, "batches": [1, 8]},
         ],
     }

@@ -139,7 +139,7 @@ def test_synthetic_shapes_through_the_pipeline(arch, tmp_path, monkeypatch):
         "model": {"name": arch, "kwargs": TINY[arch]},
         "stages": [{"name": "baseline", "type": "train", "epochs": 2, "optimizer": "adamw", "lr": 3e-3},
                    {"type": "prune", "ratio": 0.3}, {"type": "distill", "epochs": 1},
-                   {"type": "export"}, {"type": "quantize", "calibration_samples": 32}],
+                   {"type": "export"}, {"type": "quantize", "calibration": {"n": 32}}],
     }))
     run = tmp_path / "run"
     run_pipeline(load_recipe(str(recipe)), run)

@@ -314,7 +314,7 @@ def test_video_recipe_runs_every_stage(tmp_path, monkeypatch):
         "name": "video-tiny", "data": {"name": "synthetic-motion", "root": str(tmp_path / "clips"), "batch_size": 6},
         "model": {"name": "tsm", "kwargs": {"backbone": "cifar_resnet8", "width": 0.25}},
         "stages": [{"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3}, {"type": "prune", "ratio": 0.5},
-                   {"type": "distill", "epochs": 1}, {"type": "export"}, {"type": "quantize", "calibration_samples": 8},
+                   {"type": "distill", "epochs": 1}, {"type": "export"}, {"type": "quantize", "calibration": {"n": 8}},
                    {"type": "evaluate", "clips": 2, "crops": 3}, {"type": "bench", "warmup": 1, "repeats": 3, "batches": [1, 2]}]})
     report = run_pipeline(recipe, tmp_path / "run")
     stages = {s["name"]: s for s in report["stages"]}

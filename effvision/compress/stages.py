@@ -1,10 +1,12 @@
-"""Compression stages: prune, distill, quantize (configs + handlers registered in STAGES)."""
+"""Compression stages: select, prune, distill, quantize (configs + handlers registered in STAGES)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
-from pydantic import Field
+import numpy as np
+from pydantic import Field, field_validator
 
 from ..recipe import StageConfig
 from ..stage import StageResult, register_stage
@@ -12,6 +14,39 @@ from ..train.config import TrainSettings
 from ..train.loop import fit
 from .prune import prune
 from .quantize import quantize_onnx, resolve_reduce_range
+from ..data.selectors import Budget, CalibrationConfig, SelectorName
+from .selection import ProxyConfig, choose, proxy_factory
+
+
+class SelectConfig(StageConfig):
+    type: Literal["select"] = "select"
+    selector: SelectorName = Field("random", description="a registered selector: random, class_balanced, herding, kcenter, el2n, grand, "
+                          "forgetting, entropy, margin, gradient_clusters")
+    budget: Budget = Field(0.5, description="a fraction in (0, 1] of the training split, or a count of samples")
+    options: dict[str, Any] = Field(default_factory=dict, description="selector options, e.g. {keep: easy}")
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+
+    @field_validator("budget")
+    @classmethod
+    def _positive(cls, v):
+        if v <= 0:
+            raise ValueError("the budget must be a fraction in (0, 1] or a count >= 1")
+        return v
+
+
+@register_stage("select", SelectConfig)
+def run_select(ctx, cfg: SelectConfig) -> StageResult:
+    """Keep a coreset of the training split; later stages train on it."""
+    data = ctx.data
+    start = time.perf_counter()
+    sel, scored = choose(data, cfg.selector, cfg.budget, cfg.options, cfg.proxy, proxy_factory(ctx.model, cfg.proxy, data), ctx.device, ctx.seed)
+    select_s = time.perf_counter() - start - scored.proxy_train_s - scored.scoring_s
+    path = ctx.select_train(sel.indices, sel.weights)
+    counts = np.bincount(np.asarray(data.train.targets)[sel.indices], minlength=data.num_classes)
+    return StageResult({"selector": cfg.selector, "budget": cfg.budget, "selected": len(sel.indices), "of": len(data.train),
+                        "weighted": sel.weights is not None, "per_class": {"min": int(counts.min()), "max": int(counts.max())},
+                        "proxy_train_s": round(scored.proxy_train_s, 3), "scoring_s": round(scored.scoring_s, 3), "select_s": round(select_s, 3),
+                        "proxy_accuracy": scored.proxy_accuracy or None, "accuracy": None, "time_to_accuracy_s": None}, {"selection": path.name})
 
 
 class PruneConfig(StageConfig):
@@ -55,7 +90,7 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
 
 class QuantizeConfig(StageConfig):
     type: Literal["quantize"] = "quantize"
-    calibration_samples: int = Field(256, gt=0, description="training samples used to calibrate activations")
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="{selector, n}: the samples that calibrate activations")
     method: Literal["minmax", "percentile", "entropy"] = "percentile"
     per_channel: bool = True
     exclude: list[str] = Field(default_factory=list, description="ONNX node names left in float")
@@ -71,7 +106,7 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
 
         src = export_onnx(ctx.model, ctx.stage_dir / "fp32.onnx")
     reduce_range = resolve_reduce_range(cfg.reduce_range)
-    out = quantize_onnx(src, ctx.stage_dir / "model.onnx", ctx.data.calibration_loader(cfg.calibration_samples, seed=ctx.seed),
-                        cfg.method, cfg.per_channel, cfg.exclude, reduce_range)
-    return ctx.artifact_result(out, extra={"calibration_samples": cfg.calibration_samples, "method": cfg.method, "reduce_range": reduce_range,
+    out = quantize_onnx(src, ctx.stage_dir / "model.onnx", ctx.calibration_loader(cfg.calibration), cfg.method, cfg.per_channel, cfg.exclude,
+                        reduce_range)
+    return ctx.artifact_result(out, extra={"calibration": cfg.calibration.model_dump(), "method": cfg.method, "reduce_range": reduce_range,
                                        "fp32_onnx_bytes": Path(src).stat().st_size})

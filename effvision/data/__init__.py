@@ -1,8 +1,8 @@
 """Datasets by card name: load_dataset() gives train/val splits, transforms and loaders."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -11,7 +11,7 @@ from ..errors import EffvisionError
 from ..progress import track
 from ..recipe import DataConfig
 from ..registry import DATASETS
-from . import builtin, frame_samplers, point_samplers, points, videos  # noqa: F401  (register the readers and samplers)
+from . import builtin, frame_samplers, point_samplers, points, selectors, videos  # noqa: F401  (register readers, samplers, selectors)
 from .cards import DatasetCard, get_card
 from .point_transforms import PointTrainTransform, point_eval_transform
 from .transforms import eval_transform, train_transform, video_eval_transform, video_train_transform
@@ -45,6 +45,7 @@ class DatasetBundle:
     train: Dataset
     val: Dataset
     classes: list[str]
+    train_weights: Optional[torch.Tensor] = None  # per training sample loss weights (a weighted coreset); None: uniform
 
     @property
     def num_classes(self) -> int:
@@ -73,9 +74,11 @@ class DatasetBundle:
             out.update(_parent(self.train).summary())
         return out
 
-    def train_loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> DataLoader:
+    def train_loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True, with_index: bool = False) -> DataLoader:
+        """Shuffled, augmented training batches; with_index adds each sample's index in the split
+        (the loop uses it for sample weights and per-sample statistics)."""
         bs = batch_size or self.config.batch_size
-        return DataLoader(_Transformed(self.train, self.train_tf), batch_size=bs, shuffle=shuffle, drop_last=len(self.train) > bs,
+        return DataLoader(_Transformed(self.train, self.train_tf, with_index), batch_size=bs, shuffle=shuffle, drop_last=len(self.train) > bs,
                           num_workers=self.config.num_workers, generator=torch.Generator().manual_seed(seed),
                           persistent_workers=self.config.num_workers > 0)
 
@@ -83,10 +86,22 @@ class DatasetBundle:
         return DataLoader(_Transformed(self.val, self.eval_tf), batch_size=batch_size or self.config.eval_batch_size,
                           shuffle=False, num_workers=self.config.num_workers)
 
+    def train_eval_loader(self, indices: Sequence[int] | None = None, batch_size: int | None = None) -> DataLoader:
+        """Training samples (all, or these indices) in order, with evaluation transforms: what a
+        model is scored on for selection, and what the deployed model will see (calibration)."""
+        ds = self.train if indices is None else torch.utils.data.Subset(self.train, list(indices))
+        return DataLoader(_Transformed(ds, self.eval_tf), batch_size=batch_size or self.config.eval_batch_size, shuffle=False,
+                          num_workers=self.config.num_workers)
+
     def calibration_loader(self, n: int, batch_size: int = 32, seed: int = 0) -> DataLoader:
-        """n training samples with eval transforms (what the deployed model will see)."""
+        """n training samples, class-balanced, with eval transforms."""
         sub = stratified_subset(self.train, min(n, len(self.train)), seed) if n < len(self.train) else self.train
         return DataLoader(_Transformed(sub, self.eval_tf), batch_size=batch_size, shuffle=False)
+
+    def with_train_subset(self, indices: Sequence[int], weights: Optional[Sequence[float]] = None) -> "DatasetBundle":
+        """This bundle training on a subset of its training split (a selected coreset)."""
+        w = None if weights is None else torch.as_tensor(weights, dtype=torch.float32)
+        return replace(self, train=Subset(self.train, [int(i) for i in indices]), train_weights=w)
 
     @property
     def train_tf(self):
@@ -115,15 +130,15 @@ def _parent(ds: Dataset) -> Dataset:
 class _Transformed(Dataset):
     """Applies a transform on top of a dataset (uint8 images or clips, float point clouds)."""
 
-    def __init__(self, ds: Dataset, transform):
-        self.ds, self.transform = ds, transform
+    def __init__(self, ds: Dataset, transform, with_index: bool = False):
+        self.ds, self.transform, self.with_index = ds, transform, with_index
 
     def __len__(self) -> int:
         return len(self.ds)
 
     def __getitem__(self, i):
         img, y = self.ds[i]
-        return self.transform(img), y
+        return (self.transform(img), y, i) if self.with_index else (self.transform(img), y)
 
 
 def load_dataset(config: DataConfig | str | None = None, seed: int = 0) -> DatasetBundle:

@@ -39,7 +39,7 @@ def data_root(card, config) -> Path:
     return root
 
 
-def _split_path(root: Path, given: str | None, defaults: tuple[str, ...]) -> Path:
+def split_path(root: Path, given: str | None, defaults: tuple[str, ...]) -> Path:
     for name in ([given] if given else list(defaults)):
         if (root / name).exists():
             return root / name
@@ -51,6 +51,6 @@ def _split_path(root: Path, given: str | None, defaults: tuple[str, ...]) -> Pat
 def imagefolder(card, config, progress=None):
     """Folders (or .zip files) in ImageFolder layout: <root>/<train>/<class>/<image> and the val split."""
     root = data_root(card, config)
-    train = ImageFolderDataset(_split_path(root, card.train, ("train",)), config.on_bad_sample, progress)
-    val = ImageFolderDataset(_split_path(root, card.val, ("val", "test")), config.on_bad_sample, progress)
+    train = ImageFolderDataset(split_path(root, card.train, ("train",)), config.on_bad_sample, progress)
+    val = ImageFolderDataset(split_path(root, card.val, ("val", "test")), config.on_bad_sample, progress)
     return train, val

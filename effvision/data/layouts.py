@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EffvisionError
-from .builtin import _split_path, data_root
+from .builtin import split_path, data_root
 
 Accept = Callable[[str], bool]  # does a file name belong to the dataset (by extension)?
 
@@ -89,8 +89,8 @@ def folder_splits(card, config, accept: Accept, kind: str) -> tuple[list[str], l
     """(classes, train pairs, val pairs) of <root>/<train>/<class>/<file> and the val split
     (card train/val name the folders; defaults train, and val or test)."""
     root = data_root(card, config)
-    classes, train = folder_entries(_split_path(root, card.train, ("train",)), accept, kind)
-    _, val = folder_entries(_split_path(root, card.val, ("val", "test")), accept, kind)
+    classes, train = folder_entries(split_path(root, card.train, ("train",)), accept, kind)
+    _, val = folder_entries(split_path(root, card.val, ("val", "test")), accept, kind)
     return classes, train, val
 
 

@@ -87,6 +87,8 @@ class DecordVideo(Video):
         import decord
 
         super().__init__(path)
+        self.size = size
+        self._pyav: Video | None = None
         width, height = size or (-1, -1)
         try:
             self.reader = decord.VideoReader(str(path), ctx=decord.cpu(0), width=width, height=height, num_threads=1)
@@ -106,14 +108,28 @@ class DecordVideo(Video):
         return [int(i) for i in self.reader.get_key_indices()]
 
     def frames(self, indices: list[int]) -> np.ndarray:
+        if self._pyav is not None:
+            return self._frames_with_pyav(indices)
         wanted = sorted(set(indices))
         try:
             batch = self.reader.get_batch(wanted).asnumpy()
         except Exception as exc:  # noqa: BLE001
+            if "DECORDArrayCopyFromTo" in str(exc):
+                # decord 0.6 cannot copy out frames of some widths (16, 24, 48 px here) that
+                # PyAV decodes fine: this video is read with PyAV from now on.
+                self._pyav = PyAVVideo(self.path, self.size)
+                return self._frames_with_pyav(indices)
             raise VideoError(f"{self.path}: decoding failed ({_first_line(exc)})") from None
         self.decoded += len(wanted)
         row = {i: k for k, i in enumerate(wanted)}
         return batch[[row[i] for i in indices]]
+
+
+    def _frames_with_pyav(self, indices: list[int]) -> np.ndarray:
+        before = self._pyav.decoded
+        out = self._pyav.frames(indices)
+        self.decoded += self._pyav.decoded - before
+        return out
 
 
 class PyAVVideo(Video):

@@ -6,6 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
+from ..data.selectors import CalibrationConfig
 from ..errors import EffvisionError
 from ..registry import BACKENDS, EXPORTERS
 from ..stage import StageResult, register_stage
@@ -18,7 +19,7 @@ class ExportConfig(StageConfig):
     type: Literal["export"] = "export"
     format: str = Field("onnx", description="export format: onnx or executorch")
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
-    calibration_samples: int = Field(256, gt=0, description="training samples that calibrate int8 activations")
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="{selector, n}: samples that calibrate int8 activations")
     parity_batches: int = Field(4, ge=1, description="validation batches compared against PyTorch")
     tolerance: Optional[float] = Field(None, gt=0, description="largest max-abs logit difference accepted for fp32 "
                                        "(default 1e-3, or the model's parity_tolerance when it picks neighbours)")
@@ -36,7 +37,7 @@ def run_export(ctx, cfg: ExportConfig) -> StageResult:
     """Export the current model, verify it on validation samples, keep the figures beside it."""
     suffix = EXPORTERS.get(cfg.format).suffix
     path, check = export_verified(ctx.model, cfg.format, cfg.precision, ctx.stage_dir / f"model{suffix}", ctx.input_shape,
-                                  ctx.data.calibration_loader(cfg.calibration_samples, seed=ctx.seed), ctx.data.val_loader(),
+                                  ctx.calibration_loader(cfg.calibration), ctx.data.val_loader(),
                                   cfg.parity_batches, data=ctx.data.name)
     tolerance = cfg.tolerance or getattr(ctx.model, "parity_tolerance", 1e-3)
     if cfg.precision == "fp32" and check["max_abs_diff"] > tolerance:

@@ -8,10 +8,13 @@ from pydantic import Field
 from ..recipe import Strict
 
 
+Optimizer = Literal["sgd", "nesterov", "momentum", "adamw", "lamb", "lars"]
+
+
 class TrainSettings(Strict):
     epochs: int = Field(10, ge=0)
     batch_size: Optional[int] = Field(None, gt=0, description="default: data.batch_size")
-    optimizer: Literal["sgd", "nesterov", "momentum", "adamw", "lamb", "lars"] = "sgd"
+    optimizer: Optimizer = "sgd"
     lr: float = Field(0.05, gt=0)
     weight_decay: float = Field(5e-4, ge=0)
     momentum: float = Field(0.9, ge=0, lt=1)
@@ -23,4 +26,5 @@ class TrainSettings(Strict):
     channels_last: bool = False
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
     grad_clip: Optional[float] = Field(None, gt=0)
+    hard_fraction: Optional[float] = Field(None, gt=0, le=1, description="selective backprop: train on this highest-loss fraction of each batch")
     target_accuracy: Optional[float] = Field(None, gt=0, le=1, description="records time-to-accuracy")

@@ -1,0 +1,138 @@
+"""Scoring a training split for coreset selection: train a proxy model briefly (counting
+forgetting events as it goes), then read every sample's embedding and class probabilities. The
+signals feed the selectors of effvision.data.selectors, for any modality."""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from ..errors import EffvisionError
+from ..registry import SELECTORS
+from ..train.config import Optimizer, TrainSettings
+from ..train.loop import fit
+from ..data.selectors import Budget, CalibrationConfig, Selection, Signals, resolve_budget, select
+
+class ProxyConfig(TrainSettings):
+    """The model that scores samples: a copy of the current model unless `model` names a smaller
+    one; trained for `epochs` on the whole split (0: score with the model as it is)."""
+
+    model: Optional[str] = Field(None, description="a cheaper model to score with (zoo card or registered arch); default: the current model")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    epochs: int = Field(2, ge=0)
+    runs: int = Field(1, ge=1, description="proxy runs (seeds) whose probabilities and EL2N scores are averaged")
+    optimizer: Optimizer = "adamw"
+    lr: float = Field(3e-3, gt=0)
+
+
+@dataclass
+class Scored:
+    signals: Signals
+    proxy_train_s: float = 0.0
+    scoring_s: float = 0.0
+    proxy_accuracy: list[float] = field(default_factory=list)
+
+
+class ForgettingCounter:
+    """Toneva et al.: a forgetting event is a sample classified correctly at one presentation and
+    wrongly at the next; samples never classified correctly count as forgotten most (inf)."""
+
+    def __init__(self, n: int):
+        self.last = np.zeros(n, bool)
+        self.learned = np.zeros(n, bool)
+        self.events = np.zeros(n, np.int64)
+
+    def __call__(self, idx: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        i = idx.numpy()
+        correct = (logits.argmax(1) == y).cpu().numpy()
+        self.events[i] += self.last[i] & ~correct
+        self.last[i] = correct
+        self.learned[i] |= correct
+
+    def counts(self) -> np.ndarray:
+        return np.where(self.learned, self.events.astype(np.float64), np.inf)
+
+
+@torch.inference_mode()
+def embeddings_and_probs(model: torch.nn.Module, loader, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """Penultimate features (the model contract's forward_head(pre_logits=True)) and softmax."""
+    model.eval().to(device)
+    embs, probs = [], []
+    for x, _ in loader:
+        feats = model.forward_features(x.to(device))
+        embs.append(model.forward_head(feats, pre_logits=True).float().flatten(1).cpu())
+        probs.append(model.forward_head(feats).float().softmax(1).cpu())
+    return torch.cat(embs).numpy(), torch.cat(probs).numpy()
+
+
+def needed_signals(selectors: list[str]) -> tuple[set[str], int]:
+    """The signals a set of selectors looks at, and the fewest proxy epochs they need."""
+    needs, min_epochs = set(), 0
+    for name in selectors:
+        sel = SELECTORS.get(name)
+        needs |= set(sel.needs)
+        min_epochs = max(min_epochs, sel.min_proxy_epochs)
+    return needs, min_epochs
+
+
+def score(data, selectors: list[str], proxy: ProxyConfig, make_proxy: Callable[[], torch.nn.Module], device: torch.device,
+          seed: int = 0, label: str = "proxy") -> Scored:
+    """Signals of data's training split for these selectors (no model at all when they need only labels)."""
+    needs, min_epochs = needed_signals(selectors)
+    targets = np.asarray(data.train.targets, dtype=np.int64)
+    out = Scored(Signals(targets, data.num_classes))
+    if not needs:
+        return out
+    if proxy.epochs < min_epochs:
+        names = [s for s in selectors if SELECTORS.get(s).min_proxy_epochs > proxy.epochs]
+        raise EffvisionError(f"selector {', '.join(names)} needs a proxy trained for at least {min_epochs} epochs (proxy.epochs is {proxy.epochs})")
+    onehot = np.eye(data.num_classes, dtype=np.float32)[targets]
+    probs_sum, el2n_sum, counters = 0.0, 0.0, []
+    for run in range(proxy.runs):
+        model = make_proxy()
+        if proxy.epochs:
+            counter = ForgettingCounter(len(targets))
+            res = fit(model, data, proxy, device, seed=seed + 1000 * run, label=f"{label} {run + 1}/{proxy.runs}", on_batch=counter)
+            out.proxy_train_s += res.train_s
+            out.proxy_accuracy.append(res.accuracy)
+            counters.append(counter)
+        start = time.perf_counter()
+        emb, probs = embeddings_and_probs(model, data.train_eval_loader(), device)
+        out.scoring_s += time.perf_counter() - start
+        probs_sum = probs_sum + probs
+        el2n_sum = el2n_sum + np.linalg.norm(probs - onehot, axis=1)
+    s = out.signals
+    s.embeddings, s.probs, s.el2n = emb, probs_sum / proxy.runs, el2n_sum / proxy.runs
+    if counters and proxy.epochs >= 2:
+        learned = np.any([c.learned for c in counters], axis=0)
+        s.forgetting = np.where(learned, np.sum([c.events for c in counters], axis=0).astype(np.float64), np.inf)
+    return out
+
+
+def choose(data, selector: str, budget: Budget, options: dict, proxy: ProxyConfig, make_proxy: Callable[[], torch.nn.Module],
+           device: torch.device, seed: int = 0) -> tuple[Selection, Scored]:
+    """Score data's training split for one selector and select `budget` samples of it."""
+    resolve_budget(budget, len(data.train))  # a bad budget stops before any proxy training
+    scored = score(data, [selector], proxy, make_proxy, device, seed, label=f"proxy for {selector}")
+    return select(selector, scored.signals, budget, seed=seed, **options), scored
+
+
+def proxy_factory(model: torch.nn.Module, proxy: ProxyConfig, data) -> Callable[[], torch.nn.Module]:
+    """A fresh proxy per run: the named cheaper model, else a copy of `model` (left untouched)."""
+    if proxy.model is None:
+        return lambda: copy.deepcopy(model)
+    from ..models import create_model
+
+    return lambda: create_model(proxy.model, num_classes=data.num_classes, input_size=data.input_size, **proxy.kwargs)
+
+
+def calibration_indices(data, cfg: CalibrationConfig, model: torch.nn.Module, device: torch.device, seed: int = 0) -> np.ndarray:
+    """Training-split indices of the calibration set, chosen by the model being quantized."""
+    n = min(cfg.n, len(data.train))
+    sel, _ = choose(data, cfg.selector, n, cfg.options, ProxyConfig(epochs=0), lambda: model, device, seed)
+    return sel.indices
