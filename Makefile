@@ -70,7 +70,8 @@ bench-data: $(STAMP)
 	$(BIN)/effvision study selection compress/cifar10-selection.yaml --set data.root=../shared/datasets --seeds 3 --out runs/study-selection-cifar10 \
 	  --methods random,el2n,forgetting,kcenter,gradient_clusters,el2n:keep=easy,forgetting:keep=easy
 	$(BIN)/effvision study data-compression compress/cifar10-selection.yaml --set data.root=../shared/datasets --set data.max_train_samples=20000 \
-	  --out runs/study-data-compression-cifar10
+	  --seeds 3 --out runs/study-data-compression-cifar10 \
+	  --levels format=webp+quality=75,format=webp+quality=50,original,quality=95,quality=75,quality=50,quality=30,size=24+quality=95,size=16+quality=95
 	$(BIN)/effvision compress compress/default.yaml --run-dir runs/demo
 	$(BIN)/effvision study calibration runs/demo --selectors random,class_balanced,kcenter,herding --n 256 --seeds 5
 

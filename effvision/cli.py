@@ -387,13 +387,14 @@ def study_calibration(run_dir: Path = typer.Argument(..., help="A finished run f
                       selectors: str = typer.Option("random,kcenter", help="Comma list of selectors choosing the calibration samples."),
                       n: int = typer.Option(256, min=1, help="Calibration samples."),
                       seeds: int = typer.Option(3, min=1, help="Seeds per selector."),
+                      method: Optional[str] = typer.Option(None, help="minmax, percentile or entropy (default: the run's quantize stage's)."),
                       out_dir: Optional[Path] = typer.Option(None, "--out", help="Results folder (default <run>/study-calibration).")):
     """int8 accuracy (ONNX Runtime) when each selector picks the calibration set, over seeds."""
     from .device import resolve_device
     from .studies.calibration import calibration_study, to_markdown
 
     out_dir = out_dir or run_dir / "study-calibration"
-    summary = calibration_study(run_dir, _csv(selectors), n, seeds, out_dir, resolve_device("auto"))
+    summary = calibration_study(run_dir, _csv(selectors), n, seeds, out_dir, resolve_device("auto"), method)
     out.print(to_markdown(summary))
     out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'calibration.md'}")
 

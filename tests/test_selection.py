@@ -243,3 +243,19 @@ def test_bad_select_stages_are_one_line_errors(tmp_path, capsys):
         code = main(["compress", str(path), "--run-dir", str(tmp_path / "bad"), *[a for s in sets for a in ("--set", s)]])
         err = capsys.readouterr().err
         assert code == 1 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (sets, err)
+
+
+def test_calibration_scores_a_bounded_pool(monkeypatch):
+    from effvision.compress import selection
+    from effvision.data.selectors import CalibrationConfig
+    from effvision.models import create_model
+
+    data = _image_data()[0]
+    seen = []
+    real = selection.embeddings_and_probs
+    monkeypatch.setattr(selection, "embeddings_and_probs", lambda m, loader, d: seen.append(len(loader.dataset)) or real(m, loader, d))
+    model = create_model("cifar_resnet8", width=0.25)
+    idx = selection.calibration_indices(data, CalibrationConfig(selector="kcenter", n=8, pool=16), model, torch.device("cpu"), seed=2)
+    assert seen == [16] and len(set(idx.tolist())) == 8 and max(idx) < len(data.train)
+    plain = selection.calibration_indices(data, CalibrationConfig(n=8), model, torch.device("cpu"))
+    assert seen == [16] and len(plain) == 8  # class_balanced needs no model output at all

@@ -132,7 +132,12 @@ def proxy_factory(model: torch.nn.Module, proxy: ProxyConfig, data) -> Callable[
 
 
 def calibration_indices(data, cfg: CalibrationConfig, model: torch.nn.Module, device: torch.device, seed: int = 0) -> np.ndarray:
-    """Training-split indices of the calibration set, chosen by the model being quantized."""
+    """Training-split indices of the calibration set, chosen by the model being quantized among a
+    class-balanced random pool of at most cfg.pool samples."""
     n = min(cfg.n, len(data.train))
+    pool = None
+    if SELECTORS.get(cfg.selector).needs and len(data.train) > max(cfg.pool, n):
+        pool = select("class_balanced", Signals(np.asarray(data.train.targets), data.num_classes), max(cfg.pool, n), seed=seed).indices
+        data = data.with_train_subset(pool)
     sel, _ = choose(data, cfg.selector, n, cfg.options, ProxyConfig(epochs=0), lambda: model, device, seed)
-    return sel.indices
+    return sel.indices if pool is None else pool[sel.indices]

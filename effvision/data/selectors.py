@@ -38,6 +38,8 @@ class CalibrationConfig(Strict):
 
     selector: SelectorName = Field("class_balanced", description="a registered selector (kcenter, herding, random, ...)")
     n: int = Field(256, gt=0, description="calibration samples")
+    pool: int = Field(4096, gt=0, description="a selector that scores samples sees this many (class-balanced at random), "
+                      "which bounds its cost on large datasets")
     options: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -33,7 +33,9 @@ def _run_artifacts(run_dir: Path) -> tuple[Path, Path | None, str]:
     return run_dir / models[-1], (run_dir / onnx[-1]) if onnx else None, method
 
 
-def calibration_study(run_dir: Path, selectors: list[str], n: int, seeds: int, out_dir: Path, device: torch.device) -> dict:
+def calibration_study(run_dir: Path, selectors: list[str], n: int, seeds: int, out_dir: Path, device: torch.device,
+                      method: str | None = None) -> dict:
+    """method: the calibration method (minmax, percentile, entropy); default the run's quantize stage's."""
     from ..models import load_checkpoint
 
     run_dir = Path(run_dir)
@@ -42,7 +44,8 @@ def calibration_study(run_dir: Path, selectors: list[str], n: int, seeds: int, o
     configs = [CalibrationConfig(selector=known_selector(s), n=n) for s in selectors]  # unknown selectors stop here, in one line
     recipe = load_recipe(run_dir / "recipe.yaml")
     data = load_dataset(recipe.data, seed=recipe.seed)
-    model_path, fp32, method = _run_artifacts(run_dir)
+    model_path, fp32, run_method = _run_artifacts(run_dir)
+    method = method or run_method
     model = load_checkpoint(model_path)
     rows = Rows(out_dir, {"run": str(run_dir), "model": str(model_path), "n": n, "method": method})
     with tempfile.TemporaryDirectory() as tmp:

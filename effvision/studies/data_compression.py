@@ -60,7 +60,7 @@ def data_compression_study(recipe: Recipe, levels: list[str], seeds: int, out_di
     root = data_root(card, recipe.data)
     train_src, val_src = split_path(root, card.train, ("train",)), split_path(root, card.val, ("val", "test"))
     out_dir = Path(out_dir)
-    settings = {"recipe": recipe.model_dump(mode="json", exclude={"stages"}), "train": train_cfg.model_dump(mode="json"), "levels": levels}
+    settings = {"recipe": recipe.model_dump(mode="json", exclude={"stages"}), "train": train_cfg.model_dump(mode="json")}  # rows are keyed by level
     rows = Rows(out_dir, settings)
     for spec, lv in parsed.items():
         level_root = out_dir / "data" / spec.replace("=", "").replace("+", "_")
