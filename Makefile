@@ -74,6 +74,8 @@ bench-data: $(STAMP)
 	  --levels format=webp+quality=75,format=webp+quality=50,original,quality=95,quality=75,quality=50,quality=30,size=24+quality=95,size=16+quality=95
 	$(BIN)/effvision compress compress/default.yaml --run-dir runs/demo
 	$(BIN)/effvision study calibration runs/demo --selectors random,class_balanced,kcenter,herding --n 256 --seeds 5
+	$(BIN)/effvision study calibration runs/demo --selectors random,class_balanced,kcenter,herding --n 256 --seeds 5 \
+	  --method percentile --out runs/demo/study-calibration-percentile
 
 # The CPU deployment table. Trained weights come from compress/resnet18_cifar10.yaml (run first
 # when missing); the shared real images calibrate int8 and check every export's agreement.
