@@ -77,5 +77,35 @@ def plot_curves(path: Path, curves: dict[str, list[tuple[float, float, float]]],
     return atomic_write(path, lambda p: p.write_bytes(buf.getvalue()))
 
 
+def plot_points(path: Path, points: list[tuple[str, float, float, float]], xlabel: str, ylabel: str, title: str,
+                reference: tuple[str, float] | None = None, logx: bool = False) -> Path | None:
+    """Labelled (label, x, mean, std) points with error bars, not joined (each is its own setting)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for label, x, mean, std in points:
+        ax.errorbar([x], [mean], yerr=[std], marker="o", capsize=3, color="#4c78a8")
+        ax.annotate(label, (x, mean), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    if reference:
+        ax.axhline(reference[1], color="grey", linestyle=":", label=reference[0])
+        ax.legend(fontsize=8)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return atomic_write(path, lambda p: p.write_bytes(buf.getvalue()))
+
+
 def markdown_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows])

@@ -15,7 +15,7 @@ from ..data.compression import Levels, compress_dataset
 from ..errors import EffvisionError
 from ..progress import log, track
 from ..recipe import Recipe
-from .common import Rows, markdown_table, mean_std, plot_curves
+from .common import Rows, markdown_table, mean_std, plot_points
 
 _KEYS = {"quality": ("quality", int), "size": ("max_size", int), "format": ("image_format", str), "stride": ("stride", int),
          "keyframes": ("keyframes", lambda v: v.lower() in ("1", "true", "yes")), "short_side": ("short_side", int), "crf": ("crf", int),
@@ -91,12 +91,17 @@ def data_compression_study(recipe: Recipe, levels: list[str], seeds: int, out_di
             rows.measure({"kind": "train", "level": spec, "seed": seed}, train)
     summary = summarize(rows.rows, levels)
     rows.save(summary=summary)
-    pts = [(s["bytes_after"] / 2**20, *s["accuracy"]) for s in summary["levels"].values() if s.get("bytes_after")]
-    plot_curves(out_dir / "data_compression.png", {"compressed copies": pts}, "training split size (MiB)", "top-1 accuracy",
-                f"{recipe.data.name}: accuracy against bytes of the training split", logx=True,
-                reference=("original", summary["levels"]["original"]["accuracy"][0]) if "original" in summary["levels"] else None)
+    plot_summary(summary, out_dir / "data_compression.png", recipe.data.name)
     (out_dir / "data_compression.md").write_text(to_markdown(summary) + "\n")
     return summary
+
+
+def plot_summary(summary: dict, path: Path, dataset: str) -> Path | None:
+    levels = summary["levels"]
+    pts = [(spec, s["bytes_after"] / 2**20, *s["accuracy"]) for spec, s in levels.items() if s.get("bytes_after")]
+    ref = ("original", levels["original"]["accuracy"][0]) if "original" in levels else None
+    return plot_points(path, pts, "training split (MiB)", "top-1 accuracy (mean ± std over seeds)",
+                       f"{dataset}: accuracy against bytes of the training split", reference=ref, logx=True)
 
 
 def summarize(rows: list[dict], levels: list[str]) -> dict:
