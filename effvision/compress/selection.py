@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from ..data.selectors import Budget, CalibrationConfig, Selection, Signals, resolve_budget, select
 from ..errors import EffvisionError
 from ..registry import SELECTORS
 from ..train.config import Optimizer, TrainSettings
 from ..train.loop import fit
-from ..data.selectors import Budget, CalibrationConfig, Selection, Signals, resolve_budget, select
 
 class ProxyConfig(TrainSettings):
     """The model that scores samples: a copy of the current model unless `model` names a smaller

@@ -8,13 +8,13 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 from pydantic import Field, field_validator
 
+from ..data.selectors import Budget, CalibrationConfig, SelectorName
 from ..recipe import StageConfig
 from ..stage import StageResult, register_stage
 from ..train.config import TrainSettings
 from ..train.loop import fit
 from .prune import prune
 from .quantize import quantize_onnx, resolve_reduce_range
-from ..data.selectors import Budget, CalibrationConfig, SelectorName
 from .selection import ProxyConfig, choose, proxy_factory
 
 
