@@ -47,39 +47,9 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
 
 
 def plot_curves(path: Path, curves: dict[str, list[tuple[float, float, float]]], xlabel: str, ylabel: str, title: str,
-                reference: tuple[str, float] | None = None, logx: bool = False) -> Path | None:
-    """One line per label through (x, mean, std) points with error bars; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, pts in curves.items():
-        pts = sorted(pts)
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3, label=label,
-                    linestyle="--" if label == "random" else "-")
-    if reference:
-        ax.axhline(reference[1], color="grey", linestyle=":", label=reference[0])
-    if logx:
-        ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return atomic_write(path, lambda p: p.write_bytes(buf.getvalue()))
-
-
-def plot_points(path: Path, points: list[tuple[str, float, float, float]], xlabel: str, ylabel: str, title: str,
-                reference: tuple[str, float] | None = None, logx: bool = False) -> Path | None:
-    """Labelled (label, x, mean, std) points with error bars, not joined (each is its own setting)."""
+                reference: tuple[str, float] | None = None, logx: bool = False, joined: bool = True) -> Path | None:
+    """(x, mean, std) points with error bars per label: one line per label, or (joined=False)
+    separate labelled points, each its own setting. None without matplotlib."""
     try:
         import matplotlib
 
@@ -88,18 +58,21 @@ def plot_points(path: Path, points: list[tuple[str, float, float, float]], xlabe
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for label, x, mean, std in points:
-        ax.errorbar([x], [mean], yerr=[std], marker="o", capsize=3, color="#4c78a8")
-        ax.annotate(label, (x, mean), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    for label, pts in curves.items():
+        pts = sorted(pts)
+        xs, means, stds = zip(*pts)
+        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=label if joined else None,
+                    linestyle=("--" if label == "random" else "-") if joined else "none", color=None if joined else "#4c78a8")
+        if not joined:
+            ax.annotate(label, (xs[0], means[0]), fontsize=7, xytext=(4, 4), textcoords="offset points")
     if reference:
         ax.axhline(reference[1], color="grey", linestyle=":", label=reference[0])
-        ax.legend(fontsize=8)
     if logx:
         ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(True, alpha=0.3)
+    if joined or reference:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

@@ -15,7 +15,7 @@ from ..data.compression import Levels, compress_dataset
 from ..errors import EffvisionError
 from ..progress import log, track
 from ..recipe import Recipe
-from .common import Rows, markdown_table, mean_std, plot_points
+from .common import Rows, markdown_table, mean_std, plot_curves
 
 _KEYS = {"quality": ("quality", int), "size": ("max_size", int), "format": ("image_format", str), "stride": ("stride", int),
          "keyframes": ("keyframes", lambda v: v.lower() in ("1", "true", "yes")), "short_side": ("short_side", int), "crf": ("crf", int),
@@ -98,10 +98,10 @@ def data_compression_study(recipe: Recipe, levels: list[str], seeds: int, out_di
 
 def plot_summary(summary: dict, path: Path, dataset: str) -> Path | None:
     levels = summary["levels"]
-    pts = [(spec, s["bytes_after"] / 2**20, *s["accuracy"]) for spec, s in levels.items() if s.get("bytes_after")]
+    pts = {spec: [(s["bytes_after"] / 2**20, *s["accuracy"])] for spec, s in levels.items() if s.get("bytes_after")}
     ref = ("original", levels["original"]["accuracy"][0]) if "original" in levels else None
-    return plot_points(path, pts, "training split (MiB)", "top-1 accuracy (mean ± std over seeds)",
-                       f"{dataset}: accuracy against bytes of the training split", reference=ref, logx=True)
+    return plot_curves(path, pts, "training split (MiB)", "top-1 accuracy (mean ± std over seeds)",
+                       f"{dataset}: accuracy against bytes of the training split", reference=ref, logx=True, joined=False)
 
 
 def summarize(rows: list[dict], levels: list[str]) -> dict:
