@@ -173,9 +173,67 @@ def compress(recipe: str = typer.Argument(..., help="Recipe YAML (or a name unde
 @app.command()
 def train(recipe: str = typer.Argument(..., help="Recipe YAML (or a name under compress/)."),
           set_: List[str] = typer.Option([], "--set", help=SET_HELP),
-          run_dir: Optional[Path] = typer.Option(None, help="Run folder (default runs/<recipe name>).")):
+          run_dir: Optional[Path] = typer.Option(None, help="Run folder (default runs/<recipe name>[-<preset>])."),
+          preset: Optional[str] = typer.Option(None, help="Apply one of the recipe's own presets (its `presets:`), e.g. plain."),
+          target_accuracy: Optional[float] = typer.Option(None, help="Stop each train stage when validation top-1 reaches this (0-1] "
+                                                                      "and report the seconds of training it took."),
+          seeds: int = typer.Option(1, min=1, help="Train this many times (seed, seed+1, ...) into <run-dir>/seed-<s>; mean and spread."),
+          time_limit: Optional[float] = typer.Option(None, min=0.001, help="Stop each train stage after this many seconds of training."),
+          nproc: int = typer.Option(1, help="Training processes on this machine (torchrun, DistributedDataParallel; "
+                                            "gloo on CPU cores, nccl on GPUs); batch_size stays the global batch.")):
     """Run only the recipe's select and train stages (a later `compress` on the same run folder resumes after them)."""
-    _run(recipe, set_, run_dir, {"select", "train"})
+    from .recipe import load_recipe
+    from .train import distributed
+    from .train.time_to_accuracy import check_target, run_seeds
+
+    check_target(target_accuracy)
+    recipe = load_recipe(recipe, set_, preset)
+    if not distributed.launched_by_torchrun():
+        distributed.check_nproc(nproc, recipe.device)
+    if nproc > 1 and not distributed.launched_by_torchrun():
+        raise typer.Exit(distributed.launch(nproc, _without_option(_ARGV, "--nproc")))
+    distributed.init()
+    run_dir = run_dir or Path("runs") / (recipe.name + (f"-{preset}" if preset else ""))
+    if target_accuracy is None and seeds == 1 and time_limit is None:
+        from .pipeline import run_pipeline
+
+        report = run_pipeline(recipe, run_dir, only_types={"select", "train"})
+        if distributed.rank() == 0:
+            _print_report(report, run_dir)
+        return
+    summary = run_seeds(recipe, run_dir, seeds, target_accuracy, time_limit)
+    if distributed.rank() == 0:
+        _print_time_to_accuracy(summary, run_dir)
+
+
+def _print_time_to_accuracy(summary: dict, run_dir: Path) -> None:
+    def secs(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    target = summary["target_accuracy"]
+    rows = [[str(r["seed"]), secs(r["time_to_accuracy_s"]) if r["time_to_accuracy_s"] is not None else f"not reached ({r['stopped'] or 'end'})",
+             "-" if r["epochs_to_accuracy"] is None else f"{r['epochs_to_accuracy']:g}", f"{r['accuracy']:.4f}",
+             "-" if r.get("accuracy_tta") is None else f"{r['accuracy_tta']:.4f}", secs(r["train_s"]), secs(r["eval_s"]), secs(r["compile_s"])]
+            for r in summary["rows"]]
+    _table(f"time to {target if target else 'end'}: {summary['recipe']}", ["seed", "s to target", "epochs", "top-1", "top-1 mirror-avg",
+                                                                            "train s", "eval s", "compile s"], rows)
+    if summary["reached"]:
+        out.print(f"reached {summary['reached']}/{summary['seeds']}: {summary['mean_s']:.1f} ± {summary['std_s']:.1f} s of training "
+                  f"(evaluation and compilation excluded)")
+    out.print(f"wrote {run_dir / 'time_to_accuracy.json'}")
+
+
+def _without_option(argv: list[str], name: str) -> list[str]:
+    """argv without `name VALUE` / `name=VALUE` (what a relaunched process must not see again)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out
 
 
 @app.command()
@@ -361,6 +419,24 @@ def study_selection(recipe: str = typer.Argument(..., help="A recipe with a trai
     out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'selection.md'}, {out_dir / 'selection.png'}")
 
 
+@study_app.command("speed")
+def study_speed(recipe: str = typer.Argument(..., help="A recipe with a train stage and a preset to compare against (its `presets:`)."),
+                target_accuracy: float = typer.Option(..., help="Validation top-1 to reach, in (0, 1]."),
+                preset: str = typer.Option("plain", help="The recipe's preset to compare against."),
+                seeds: int = typer.Option(2, min=1, help="Seeds of each; for every seed the recipe runs first, then the preset."),
+                cap: float = typer.Option(4.0, help="Stop a preset run at this multiple of the recipe's time (reported as not reached)."),
+                set_: List[str] = typer.Option([], "--set", help=SET_HELP),
+                out_dir: Optional[Path] = typer.Option(None, "--out", help="Results folder (default runs/study-speed-<recipe name>); a rerun resumes.")):
+    """Seconds of training to the target for the recipe and its preset, side by side in one run;
+    writes results.json and speed.md with mean, spread and the speed-up."""
+    from .studies.speed import speed_study, to_markdown
+
+    out_dir = out_dir or Path("runs") / f"study-speed-{Path(recipe).stem}"
+    summary = speed_study(recipe, set_, preset, target_accuracy, seeds, cap, out_dir)
+    out.print(to_markdown(summary))
+    out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'speed.md'}")
+
+
 @study_app.command("data-compression")
 def study_data_compression(recipe: str = typer.Argument(..., help="A recipe with a train stage whose dataset has train/val splits under data.root."),
                            levels: str = typer.Option("original,quality=95,quality=75,quality=50,quality=30,size=24+quality=95,size=16+quality=95",
@@ -400,8 +476,13 @@ def study_calibration(run_dir: Path = typer.Argument(..., help="A finished run f
 
 
 # ----------------------------------------------------------------------------- entry point
+_ARGV: list[str] = []  # this invocation's arguments, for `train --nproc` to relaunch under torchrun
+
+
 def main(argv: list[str] | None = None) -> int:
+    global _ARGV
     argv = list(sys.argv[1:] if argv is None else argv)
+    _ARGV = list(argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub at run time

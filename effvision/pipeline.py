@@ -195,11 +195,18 @@ class RunContext:
 
 
 def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: set[str] | None = None) -> dict:
-    """Run (or resume) a recipe into run_dir (default runs/<recipe.name>); returns report.json."""
+    """Run (or resume) a recipe into run_dir (default runs/<recipe.name>); returns report.json.
+    In a multi-process (torchrun) job every process runs the stages; rank 0 alone writes run_dir."""
+    from .train.distributed import private_run_dir
+
+    with private_run_dir(Path(run_dir or Path("runs") / recipe.name)) as own_dir:
+        return _run_stages(recipe, own_dir, only_types)
+
+
+def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> dict:
     from .env import collect_env
     from .report import write_report
 
-    run_dir = Path(run_dir or Path("runs") / recipe.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     stages = [s for s in recipe.stages if only_types is None or s.type in only_types]
     resolved = recipe_to_dict(recipe)

@@ -13,7 +13,8 @@ console = Console(stderr=True)
 
 
 def quiet() -> bool:
-    return bool(os.environ.get("EFFVISION_QUIET"))
+    """EFFVISION_QUIET set, or a process of a multi-process job other than rank 0 (torchrun sets RANK)."""
+    return bool(os.environ.get("EFFVISION_QUIET")) or os.environ.get("RANK", "0") != "0"
 
 
 def log(msg: str) -> None:

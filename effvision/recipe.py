@@ -61,6 +61,7 @@ class Recipe(Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig
     stages: list[Any] = Field(default_factory=list)  # each becomes its type's StageConfig in validate_recipe
+    presets: dict[str, dict[str, Any]] = Field(default_factory=dict, description="named sets of key.path: value overrides (--preset NAME)")
     _source: Optional[str] = PrivateAttr(None)  # the file it came from, for run folders and errors
 
 
@@ -82,36 +83,54 @@ def apply_overrides(raw: dict, sets: list[str]) -> dict:
     raw = copy.deepcopy(raw)
     for item in sets or []:
         keys, value = parse_set(item)
-        node: Any = raw
-        for depth, key in enumerate(keys):
-            last = depth == len(keys) - 1
-            where = ".".join(keys[: depth + 1])
-            if isinstance(node, list):
-                idx = _list_index(node, key, where)
-                if last:
-                    node[idx] = value
-                else:
-                    node = node[idx]
-            elif isinstance(node, dict):
-                if last:
-                    node[key] = value
-                else:
-                    node = node.setdefault(key, {})
-            else:
-                raise RecipeError(f"--set {item}: '{'.'.join(keys[:depth])}' is not a mapping or list")
+        _assign(raw, keys, value, f"--set {item}")
     return raw
+
+
+def apply_preset(raw: dict, name: str, source: str) -> dict:
+    """Apply the recipe's own preset `name` (a mapping of key.path: value, like --set)."""
+    presets = raw.get("presets") or {}
+    if not isinstance(presets, dict) or name not in presets:
+        have = ", ".join(presets) if isinstance(presets, dict) and presets else "none"
+        raise RecipeError(f"{source}: unknown preset '{name}' (this recipe defines: {have})")
+    if not isinstance(presets[name], dict):
+        raise RecipeError(f"{source}: presets.{name}: must map key.path to a value, e.g. stages.train.lr: 0.1")
+    raw = copy.deepcopy(raw)
+    for key, value in presets[name].items():
+        _assign(raw, str(key).split("."), value, f"{source}: presets.{name}.{key}")
+    return raw
+
+
+def _assign(raw: dict, keys: list[str], value: Any, what: str) -> None:
+    node: Any = raw
+    for depth, key in enumerate(keys):
+        last = depth == len(keys) - 1
+        where = ".".join(keys[: depth + 1])
+        if isinstance(node, list):
+            idx = _list_index(node, key, f"{what}: {where}")
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+        elif isinstance(node, dict):
+            if last:
+                node[key] = value
+            else:
+                node = node.setdefault(key, {})
+        else:
+            raise RecipeError(f"{what}: '{'.'.join(keys[:depth])}' is not a mapping or list")
 
 
 def _list_index(items: list, key: str, where: str) -> int:
     if key.lstrip("-").isdigit():
         idx = int(key)
         if not -len(items) <= idx < len(items):
-            raise RecipeError(f"--set {where}: index {idx} out of range ({len(items)} items)")
+            raise RecipeError(f"{where}: index {idx} out of range ({len(items)} items)")
         return idx
     names = [s.get("name") or s.get("type") for s in items if isinstance(s, dict)]
     if key in names:
         return names.index(key)
-    raise RecipeError(f"--set {where}: no item named '{key}' (items: {', '.join(map(str, names))})")
+    raise RecipeError(f"{where}: no item named '{key}' (items: {', '.join(map(str, names))})")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -211,10 +230,14 @@ def read_yaml(path: Path) -> Any:
         raise RecipeError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
 
 
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Load a recipe file (or a name under compress/), apply --set overrides and validate."""
+def load_recipe(path: str | Path, overrides: list[str] | None = None, preset: str | None = None) -> Recipe:
+    """Load a recipe file (or a name under compress/), apply a preset of its own, then --set
+    overrides, and validate."""
     file = find_file(path, "compress", "recipe")
-    raw = apply_overrides(read_yaml(file) or {}, overrides or [])
+    raw = read_yaml(file) or {}
+    if preset:
+        raw = apply_preset(raw if isinstance(raw, dict) else {}, preset, str(file))
+    raw = apply_overrides(raw, overrides or [])
     recipe = validate_recipe(raw, str(file))
     recipe._source = str(file)
     return recipe

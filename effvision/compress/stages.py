@@ -85,7 +85,7 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
     model = ctx.model
     res = fit(model, ctx.data, cfg, ctx.device, seed=ctx.seed, teacher=teacher, temperature=cfg.temperature, alpha=cfg.alpha, label=cfg.name)
     return ctx.torch_result(model, accuracy=res.accuracy, time_to_accuracy_s=res.time_to_accuracy_s,
-                            extra={"teacher": teacher_from, "train_s": round(res.train_s, 3), "history": res.history})
+                            extra={"teacher": teacher_from, **res.metrics(cfg)})
 
 
 class QuantizeConfig(StageConfig):

@@ -14,6 +14,7 @@ from ..registry import DATASETS
 from . import builtin, frame_samplers, point_samplers, points, selectors, videos  # noqa: F401  (register readers, samplers, selectors)
 from .cards import DatasetCard, get_card
 from .point_transforms import PointTrainTransform, point_eval_transform
+from .tensor_batches import TensorBatches, stack_images
 from .transforms import eval_transform, train_transform, video_eval_transform, video_train_transform
 
 
@@ -74,13 +75,33 @@ class DatasetBundle:
             out.update(_parent(self.train).summary())
         return out
 
-    def train_loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True, with_index: bool = False) -> DataLoader:
+    def train_loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True, with_index: bool = False,
+                     rank: int = 0, world: int = 1) -> DataLoader:
         """Shuffled, augmented training batches; with_index adds each sample's index in the split
-        (the loop uses it for sample weights and per-sample statistics)."""
+        (the loop uses it for sample weights and per-sample statistics). With world > 1 a
+        distributed sampler gives this rank its share (call loader.sampler.set_epoch each epoch)."""
         bs = batch_size or self.config.batch_size
-        return DataLoader(_Transformed(self.train, self.train_tf, with_index), batch_size=bs, shuffle=shuffle, drop_last=len(self.train) > bs,
+        ds = _Transformed(self.train, self.train_tf, with_index)
+        sampler = None
+        if world > 1:
+            sampler = torch.utils.data.DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
+            shuffle = False
+        return DataLoader(ds, batch_size=bs, shuffle=shuffle, sampler=sampler, drop_last=len(self.train) // world > bs,
                           num_workers=self.config.num_workers, generator=torch.Generator().manual_seed(seed),
                           persistent_workers=self.config.num_workers > 0)
+
+    def tensor_train_loader(self, batch_size: int | None, device: torch.device, seed: int = 0, translate: int | None = None,
+                            rank: int = 0, world: int = 1) -> TensorBatches:
+        """Training batches from the whole split held as a uint8 tensor on `device`, augmented
+        on the device (mirror when the card allows it, translate); images only."""
+        c = self.card
+        if self.modality != "image":
+            raise EffvisionError(f"tensor_data holds images in memory; dataset {self.name} is {self.modality} (turn tensor_data off)")
+        if c.train_crop != "pad":
+            raise EffvisionError(f"tensor_data augments by translation; dataset {self.name} asks for train_crop: {c.train_crop}")
+        images = stack_images(self.train, c.image_size)
+        return TensorBatches(images, self.train.targets, c.mean, c.std, batch_size or self.config.batch_size, device, seed=seed,
+                             hflip=c.hflip, translate=c.image_size // 8 if translate is None else translate, rank=rank, world=world)
 
     def val_loader(self, batch_size: int | None = None) -> DataLoader:
         return DataLoader(_Transformed(self.val, self.eval_tf), batch_size=batch_size or self.config.eval_batch_size,

@@ -14,28 +14,52 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import synchronize
+from ..errors import EffvisionError
 from ..evaluate import accuracy, torch_predictor
 from ..progress import log, progress_bar
+from . import distributed
 from .config import TrainSettings
+from .whiten import whiten_first_conv
 
 _TIMM_OPT = {"sgd": "sgd", "nesterov": "nesterov", "momentum": "momentum", "adamw": "adamw", "lamb": "lamb", "lars": "lars"}
 
 
 @dataclass
 class FitResult:
-    accuracy: float
+    accuracy: float  # of the trained model as it ships (no test-time mirror averaging)
     history: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     train_s: float = 0.0
+    eval_s: float = 0.0
+    compile_s: float = 0.0
     time_to_accuracy_s: Optional[float] = None
-    epochs_to_accuracy: Optional[int] = None
+    epochs_to_accuracy: Optional[float] = None
+    accuracy_tta: Optional[float] = None  # with tta_flip: the mirror-averaged accuracy the target is checked on
+    stopped: Optional[str] = None  # "target" or "time limit" when training ended early
+    processes: int = 1
+    max_param_difference: Optional[float] = None  # across ranks after multi-process training (0 when in sync)
+
+    def metrics(self, s: TrainSettings) -> dict:
+        """What a training stage records beside accuracy and time-to-accuracy."""
+        out = {"target_accuracy": s.target_accuracy, "epochs_to_accuracy": self.epochs_to_accuracy, "stopped": self.stopped,
+               "train_s": round(self.train_s, 3), "eval_s": round(self.eval_s, 3), "compile_s": round(self.compile_s, 3),
+               "processes": self.processes, "history": self.history}
+        if self.accuracy_tta is not None:
+            out["accuracy_tta"] = self.accuracy_tta
+        if self.max_param_difference is not None:
+            out["max_param_difference_across_ranks"] = self.max_param_difference
+        return out
 
 
 def make_optimizer(model: nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
+    """timm's optimizers: weight decay is skipped for biases and norm layers, and LARS/LAMB adapt
+    only the decayed (weight) tensors, as their papers do."""
     from timm.optim import create_optimizer_v2
 
     kwargs = {"momentum": s.momentum} if s.optimizer in ("sgd", "nesterov", "momentum", "lars") else {}
-    return create_optimizer_v2(model, opt=_TIMM_OPT[s.optimizer], lr=s.lr, weight_decay=s.weight_decay, **kwargs)
+    name = ("lookahead_" if s.lookahead else "") + _TIMM_OPT[s.optimizer]
+    return create_optimizer_v2(model, opt=name, lr=s.lr, weight_decay=s.weight_decay, **kwargs)
 
 
 def make_schedule(opt: torch.optim.Optimizer, s: TrainSettings, steps_per_epoch: int):
@@ -51,6 +75,8 @@ def make_schedule(opt: torch.optim.Optimizer, s: TrainSettings, steps_per_epoch:
             return (step + 1) / warm
         if s.schedule == "constant":
             return 1.0
+        if s.schedule == "step":  # x0.1 at half and three quarters of training
+            return 0.1 ** sum(step >= total * f for f in (0.5, 0.75))
         if s.schedule == "onecycle":  # too few steps for two phases: a linear decay
             return 1 - (step - warm) / max(1, total - warm + 1)
         return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
@@ -77,6 +103,71 @@ def hardest(losses: torch.Tensor, fraction: float) -> torch.Tensor:
     return losses.topk(max(1, math.ceil(fraction * len(losses)))).indices
 
 
+def check_tricks(s: TrainSettings, data) -> None:
+    """The image tricks need images (mirror averaging also suits video); say so before any work."""
+    used = [k for k in ("tensor_data", "whiten", "progressive_sizes") if getattr(s, k)]
+    if data.modality != "image" and used:
+        raise EffvisionError(f"{', '.join(used)}: image-only training options, the data is {data.modality}")
+    if s.tta_flip and (data.modality == "points" or not data.card.hflip):
+        why = "the data is points" if data.modality == "points" else f"dataset {data.name} says a mirrored sample is another class (hflip: false)"
+        raise EffvisionError(f"tta_flip averages each sample with its mirror; {why}")
+
+
+def train_batches(data, s: TrainSettings, device: torch.device, seed: int, rank: int, world: int):
+    """This rank's training batches: from a device-resident uint8 tensor, or the DataLoader."""
+    bs = max(1, (s.batch_size or data.config.batch_size) // world)  # batch_size is the global batch
+    if s.tensor_data:
+        return data.tensor_train_loader(bs, device, seed=seed, translate=s.translate, rank=rank, world=world)
+    return data.train_loader(bs, seed=seed, with_index=True, rank=rank, world=world)
+
+
+def set_epoch(loader, epoch: int) -> None:
+    for obj in (getattr(loader, "sampler", None), loader):
+        if hasattr(obj, "set_epoch"):
+            obj.set_epoch(epoch)
+            return
+
+
+def epoch_size(s: TrainSettings, epoch: int) -> Optional[int]:
+    """The image size of this epoch under progressive resizing (None: as loaded)."""
+    sizes = s.progressive_sizes
+    return sizes[min(len(sizes) - 1, epoch * len(sizes) // max(1, s.epochs))] if sizes else None
+
+
+def resize(x: torch.Tensor, size: Optional[int], memory) -> torch.Tensor:
+    if size is None or x.shape[-1] == size:
+        return x
+    return F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False).contiguous(memory_format=memory)
+
+
+def mirror_averaged(predict: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Test-time augmentation: the mean of the logits of each input and its left-right mirror."""
+    return lambda x: (predict(x) + predict(x.flip(-1))) / 2
+
+
+def whitening_sample(data, n: int = 4096) -> torch.Tensor:
+    """Up to n training images as the model sees them at evaluation (normalised)."""
+    loader = data.train_eval_loader(range(min(n, len(data.train))), batch_size=512)
+    return torch.cat([x for x, _ in loader])
+
+
+def warm_compiled(step_fn, model: nn.Module, loader, s: TrainSettings, dtype, device: torch.device, memory) -> float:
+    """Compile the training step (forward + backward at every size it will see) on one batch,
+    then restore the weights and statistics: returns the seconds compilation took."""
+    t = time.perf_counter()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y, _ = next(iter(loader))
+    x, y = x.to(device, memory_format=memory), y.to(device)
+    for size in sorted(set(s.progressive_sizes or [None]), key=lambda v: v or 0):
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = F.cross_entropy(step_fn(resize(x, size, memory)).float(), y)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    model.load_state_dict(saved)
+    synchronize(device)
+    return time.perf_counter() - t
+
+
 def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: int = 0, teacher: nn.Module | None = None,
         temperature: float = 4.0, alpha: float = 0.9, label: str = "train",
         on_batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None) -> FitResult:
@@ -85,15 +176,28 @@ def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: in
     Samples are weighted by data.train_weights when a weighted coreset was selected. With
     s.hard_fraction, each batch is forwarded without gradients and only its highest-loss fraction
     is trained on (selective backprop, Jiang et al. 2019). on_batch(indices, logits, targets) sees
-    every training batch's logits (forgetting statistics)."""
+    every training batch's logits (forgetting statistics). Under torchrun the model trains as
+    DistributedDataParallel, each process on its share of every batch.
+
+    Training seconds exclude evaluation and compilation (DAWNBench's and airbench's convention);
+    whitening and data augmentation count."""
     torch.manual_seed(seed)
+    check_tricks(s, data)
+    rank, world = distributed.rank(), distributed.world()
     memory = torch.channels_last if s.channels_last else torch.contiguous_format
     model.to(device, memory_format=memory)
     if teacher is not None:
         teacher.to(device, memory_format=memory).eval()
-    loader = data.train_loader(s.batch_size, seed=seed, with_index=True)
+    loader = train_batches(data, s, device, seed, rank, world)
     weights = data.train_weights
     val_loader = data.val_loader()
+    result = FitResult(accuracy=0.0, processes=world)
+    start = time.perf_counter()
+    if s.whiten:
+        whiten_first_conv(model, whitening_sample(data).to(device))
+    net = model
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index or 0] if device.type == "cuda" else None)
     opt = make_optimizer(model, s)
     sched = make_schedule(opt, s, len(loader))
     dtype = autocast_dtype(s, device)
@@ -102,28 +206,41 @@ def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: in
     if s.ema:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(model, decay=s.ema_decay)
+        # Decay warm-up (1 - (1 + step)^-2/3, capped at ema_decay): a short run is not averaged
+        # with its random initialisation.
+        ema = ModelEmaV3(model, decay=s.ema_decay, use_warmup=True)
+    step_fn = torch.compile(net) if s.compile else net
+    if s.compile:
+        result.compile_s = warm_compiled(step_fn, model, loader, s, dtype, device, memory)
     selective = s.hard_fraction is not None and s.hard_fraction < 1
 
     def batch_losses(inputs: torch.Tensor, targets: torch.Tensor, grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.set_grad_enabled(grad):
-            out = model(inputs)
+            out = step_fn(inputs)
             if teacher is None:
                 return out, F.cross_entropy(out, targets, label_smoothing=s.label_smoothing, reduction="none")
             with torch.no_grad():
                 t_out = teacher(inputs)
             return out, distill_loss(out.float(), t_out.float(), targets, temperature, alpha, s.label_smoothing)
 
-    result = FitResult(accuracy=0.0)
-    start = time.perf_counter()
-    eval_s = 0.0
+    def evaluate(net_to_eval: nn.Module) -> float:
+        predict = torch_predictor(net_to_eval, device, s.channels_last)
+        return accuracy(mirror_averaged(predict) if s.tta_flip else predict, val_loader)
+
+    def train_seconds() -> float:
+        return time.perf_counter() - start - result.eval_s - result.compile_s
+
+    acc = 0.0
     with progress_bar() as bar:
         task = bar.add_task(label, total=s.epochs * len(loader), info="") if bar else None
         for epoch in range(s.epochs):
             model.train()
-            loss_sum, seen = 0.0, 0
+            set_epoch(loader, epoch)
+            size = epoch_size(s, epoch)
+            loss_sum, seen, steps = 0.0, 0, 0
             for x, y, idx in loader:
                 x = x.to(device, non_blocking=True, memory_format=memory) if x.dim() == 4 else x.to(device, non_blocking=True)
+                x = resize(x, size, memory)
                 y = y.to(device, non_blocking=True)
                 w = None if weights is None else weights[idx].to(device)
                 with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -144,25 +261,45 @@ def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: in
                 scaler.update()
                 sched.step()
                 if ema is not None:
-                    ema.update(model)
+                    ema.update(model, step=sched.last_epoch)
                 loss_sum += loss.item() * len(y)
                 seen += len(y)
+                steps += 1
                 if bar:
                     bar.update(task, advance=1, info=f"epoch {epoch + 1}/{s.epochs} loss {loss_sum / seen:.3f}")
+                # One process decides on a time limit mid-epoch; several decide together after it.
+                if world == 1 and s.max_train_s and train_seconds() >= s.max_train_s:
+                    result.stopped = "time limit"
+                    break
+            synchronize(device)
             t_eval = time.perf_counter()
-            acc = accuracy(torch_predictor(ema.module if ema else model, device, s.channels_last), val_loader)
-            eval_s += time.perf_counter() - t_eval
-            train_s = time.perf_counter() - start - eval_s
-            result.history.append({"epoch": epoch + 1, "loss": loss_sum / max(seen, 1), "val_accuracy": acc, "train_s": round(train_s, 3), "lr": opt.param_groups[0]["lr"]})
-            log(f"  {label} epoch {epoch + 1:>3}/{s.epochs}  loss {loss_sum / max(seen, 1):.4f}  val top-1 {acc:.4f}  ({train_s:.1f}s)")
+            acc = evaluate(ema.module if ema else model)
+            result.eval_s += time.perf_counter() - t_eval
+            train_s = train_seconds()
+            done = epoch + steps / max(1, len(loader))
+            result.history.append({"epoch": round(done, 3), "loss": loss_sum / max(seen, 1), "val_accuracy": acc, "train_s": round(train_s, 3),
+                                   "lr": opt.param_groups[0]["lr"], **({"size": size} if size else {})})
+            log(f"  {label} epoch {epoch + 1:>3}/{s.epochs}  loss {loss_sum / max(seen, 1):.4f}  val top-1 {acc:.4f}"
+                f"{' (mirror-averaged)' if s.tta_flip else ''}  ({train_s:.1f}s)")
             if s.target_accuracy is not None and result.time_to_accuracy_s is None and acc >= s.target_accuracy:
-                result.time_to_accuracy_s, result.epochs_to_accuracy = round(train_s, 3), epoch + 1
-            result.accuracy = acc
+                result.time_to_accuracy_s, result.epochs_to_accuracy = round(train_s, 3), round(done, 3)
+                if s.stop_at_target:
+                    result.stopped = "target"
+            if world > 1 and s.max_train_s and distributed.broadcast_flag(train_s >= s.max_train_s):
+                result.stopped = result.stopped or "time limit"
+            if result.stopped:
+                break
     if ema is not None:
         model.load_state_dict(ema.module.state_dict())
-    if s.epochs == 0:
-        result.accuracy = accuracy(torch_predictor(model, device), val_loader)
     result.wall_s = time.perf_counter() - start
-    result.train_s = result.wall_s - eval_s
+    result.train_s = result.wall_s - result.eval_s - result.compile_s
+    if s.epochs == 0:
+        acc = evaluate(model)
+    result.accuracy = acc
+    if s.tta_flip:  # what ships is the model alone: its own accuracy is the stage's
+        result.accuracy_tta = acc
+        result.accuracy = accuracy(torch_predictor(model, device, s.channels_last), val_loader)
+    if world > 1:
+        result.max_param_difference = distributed.max_param_difference(model)
     model.to(memory_format=torch.contiguous_format).eval()
     return result

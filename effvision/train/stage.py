@@ -19,5 +19,4 @@ def run_train(ctx, cfg: TrainStageConfig) -> StageResult:
     model = ctx.model
     res = fit(model, ctx.data, cfg, ctx.device, seed=ctx.seed, label=cfg.name)
     return ctx.torch_result(model, accuracy=res.accuracy, time_to_accuracy_s=res.time_to_accuracy_s,
-                            extra={"epochs_to_accuracy": res.epochs_to_accuracy, "target_accuracy": cfg.target_accuracy,
-                                   "train_s": round(res.train_s, 3), "history": res.history})
+                            extra=res.metrics(cfg))
