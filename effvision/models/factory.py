@@ -6,7 +6,7 @@ from typing import Any
 from torch import nn
 
 from ..registry import MODELS, UnknownNameError, suggest
-from . import cifar_resnet, points, video  # noqa: F401  (register the built-in architectures)
+from . import cifar_resnet, points, speednet, video  # noqa: F401  (register the built-in architectures)
 from .adapters import create_timm, create_torchvision
 from .zoo import get_card, list_cards
 

@@ -1,0 +1,183 @@
+"""Training-speed options of the one loop: tensor-resident batches, whitening, mirror averaging,
+progressive sizes, step schedule, stopping at a target or a time limit, LARS/LAMB trust ratios,
+recipe presets and the time-to-accuracy runner."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from effvision.data import load_dataset
+from effvision.data.tensor_batches import TensorBatches
+from effvision.errors import EffvisionError
+from effvision.models import create_model
+from effvision.recipe import DataConfig, RecipeError, load_recipe
+from effvision.train import TrainSettings, fit
+from effvision.train.loop import make_optimizer, make_schedule
+from effvision.train.whiten import whiten_first_conv, whitening_filters
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset(DataConfig(name="digits", max_train_samples=400, max_val_samples=100, batch_size=32))
+
+
+# ----------------------------------------------------------------------------- large-batch optimizers
+def _one_step(opt_name: str, lr: float, wd: float, loss_scale: float = 1.0):
+    """A linear layer's weight and bias before and after one step of our LARS/LAMB, and the grads."""
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 3)
+    opt = make_optimizer(layer, TrainSettings(optimizer=opt_name, lr=lr, weight_decay=wd, momentum=0.9))
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    (F.cross_entropy(layer(x), y) * loss_scale).backward()
+    before = {n: p.detach().clone() for n, p in layer.named_parameters()}
+    grads = {n: p.grad.detach().clone() for n, p in layer.named_parameters()}
+    opt.step()
+    return before, grads, {n: p.detach() - before[n] for n, p in layer.named_parameters()}
+
+
+def test_lars_trust_ratio_scales_the_step_to_the_weight_norm():
+    lr, wd, coeff = 0.5, 1e-4, 1e-3  # coeff: timm's LARS trust coefficient (You et al. 2017: eta)
+    w, g, step = _one_step("lars", lr, wd)
+    w_norm, g_norm = w["weight"].norm(), g["weight"].norm()
+    ratio = coeff * w_norm / (g_norm + wd * w_norm)
+    assert torch.allclose(step["weight"], -lr * ratio * (g["weight"] + wd * w["weight"]), atol=1e-7)
+    # Biases are not decayed, so not adapted: a plain SGD step.
+    assert torch.allclose(step["bias"], -lr * g["bias"], atol=1e-7)
+    # Layer-wise adaptation makes the weight's step independent of the gradient's scale.
+    _, _, step_big = _one_step("lars", lr, wd, loss_scale=1000.0)
+    assert torch.allclose(step_big["weight"], step["weight"], rtol=1e-3, atol=1e-9)
+    assert not torch.allclose(step_big["bias"], step["bias"])
+
+
+def test_lamb_trust_ratio_makes_the_step_lr_times_the_weight_norm():
+    lr, wd = 0.01, 0.01
+    w, g, step = _one_step("lamb", lr, wd)
+    # First Adam step: m/sqrt(v) = sign(g); LAMB rescales the layer's update to norm lr * ||w||.
+    assert math.isclose(step["weight"].norm().item(), lr * w["weight"].norm().item(), rel_tol=1e-4)
+    update = torch.sign(g["weight"]) + wd * w["weight"]
+    assert torch.allclose(step["weight"], -lr * w["weight"].norm() / update.norm() * update, atol=1e-6)
+    assert torch.allclose(step["bias"], -lr * torch.sign(g["bias"]), atol=1e-5)  # not adapted
+
+
+# ----------------------------------------------------------------------------- schedules and stopping
+def test_step_schedule_divides_by_ten_at_half_and_three_quarters():
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_schedule(opt, TrainSettings(epochs=4, schedule="step", warmup_epochs=0), steps_per_epoch=10)
+    lrs = []
+    for _ in range(40):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == lrs[19] == 1.0 and math.isclose(lrs[20], 0.1) and math.isclose(lrs[29], 0.1) and math.isclose(lrs[30], 0.01)
+
+
+def test_training_stops_at_the_target_and_at_the_time_limit(digits):
+    res = fit(create_model("cifar_resnet8", width=0.25), digits,
+              TrainSettings(epochs=6, lr=0.1, target_accuracy=0.15, stop_at_target=True), CPU)
+    assert res.stopped == "target" and len(res.history) < 6 and res.history[-1]["val_accuracy"] >= 0.15
+    assert res.time_to_accuracy_s == res.history[-1]["train_s"]
+    res = fit(create_model("cifar_resnet8", width=0.25), digits, TrainSettings(epochs=50, lr=0.1, max_train_s=0.3), CPU)
+    assert res.stopped == "time limit" and len(res.history) == 1 and res.history[0]["epoch"] < 50
+    assert res.train_s < 5  # stopped within the epoch, not after 50 of them
+
+
+# ----------------------------------------------------------------------------- tensor-resident batches
+def test_tensor_batches_mirror_and_translate_whole_batches():
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8)
+    targets = list(range(40))
+    plain = TensorBatches(images, targets, [0.5] * 3, [0.25] * 3, 16, CPU, hflip=False, translate=0)
+    assert len(plain) == 2
+    seen = []
+    for x, y, idx in plain:
+        assert x.dtype == torch.float32 and torch.equal(y, idx)
+        assert torch.allclose(x, (images[idx].float() / 255 - 0.5) / 0.25, atol=1e-5)
+        seen += idx.tolist()
+    assert len(set(seen)) == 32  # drop_last: two full batches of distinct samples
+
+    aug = TensorBatches(images, targets, [0.0] * 3, [1 / 255] * 3, 40, CPU, hflip=True, translate=2)
+    x, _, idx = next(iter(aug))
+    padded = F.pad(images[idx].float(), (2, 2, 2, 2), mode="reflect")
+    mirrored = 0
+    for k in range(40):
+        windows = [padded[k, :, dy:dy + 8, dx:dx + 8] for dy in range(5) for dx in range(5)]
+        straight = any(torch.equal(x[k], w) for w in windows)
+        flipped = any(torch.equal(x[k], w.flip(-1)) for w in windows)
+        assert straight or flipped
+        mirrored += flipped and not straight
+    assert 5 < mirrored < 35  # about half
+
+
+def test_tensor_batches_give_each_rank_its_own_share():
+    images = torch.zeros(30, 3, 4, 4, dtype=torch.uint8)
+    shares = [TensorBatches(images, [0] * 30, [0] * 3, [1] * 3, 5, CPU, seed=3, translate=0, rank=r, world=2) for r in (0, 1)]
+    for s in shares:
+        s.set_epoch(1)
+    got = [torch.cat([idx for _, _, idx in s]).tolist() for s in shares]
+    assert len(got[0]) == len(got[1]) == 15 and not set(got[0]) & set(got[1])
+
+
+def test_tensor_data_trains_like_the_dataloader(digits):
+    accs = [fit(create_model("cifar_resnet8", width=0.5), digits, TrainSettings(epochs=6, lr=0.1, tensor_data=t), CPU).accuracy for t in (False, True)]
+    assert accs[1] > 0.7 and abs(accs[0] - accs[1]) < 0.15, accs
+
+
+# ----------------------------------------------------------------------------- whitening, mirror, sizes
+def test_whitening_filters_decorrelate_patches():
+    torch.manual_seed(0)
+    mix = torch.randn(3, 3)
+    images = torch.einsum("ij,njhw->nihw", mix, torch.randn(200, 3, 12, 12))  # correlated channels
+    images = F.avg_pool2d(images, 3, 1, 1)  # and correlated neighbours
+    filters = whitening_filters(images, (2, 2), 24, eps=1e-6)
+    assert filters.shape == (24, 3, 2, 2)
+    assert torch.allclose(filters[1::2], -filters[0::2])  # each direction with its negative
+    out = F.conv2d(images, filters[0::2]).transpose(0, 1).reshape(12, -1)
+    cov = torch.cov(out)
+    assert torch.allclose(cov, torch.eye(12), atol=0.05)
+
+
+def test_whiten_first_conv_sets_the_stem(digits):
+    model = create_model("cifar_resnet8", width=0.5)
+    images = torch.randn(64, 3, 16, 16)
+    n = whiten_first_conv(model, images)
+    assert n == model.stem[0].out_channels == 16
+    assert torch.allclose(model.stem[0].weight, whitening_filters(images, (3, 3), 16))
+
+
+def test_image_tricks_train_and_mirror_averaging_is_reported(digits):
+    import dataclasses
+
+    mirrorable = dataclasses.replace(digits, card=digits.card.model_copy(update={"hflip": True}))
+    s = TrainSettings(epochs=3, lr=0.1, whiten=True, ema=True, lookahead=True, progressive_sizes=[24, 32], tta_flip=True, channels_last=True)
+    res = fit(create_model("cifar_resnet8", width=0.5), mirrorable, s, CPU)
+    assert [h.get("size") for h in res.history] == [24, 24, 32]  # two equal parts of 1.5 epochs
+    assert res.accuracy_tta is not None and res.accuracy > 0.3
+
+
+def test_image_tricks_are_refused_where_they_do_not_apply(digits):
+    with pytest.raises(EffvisionError, match="hflip: false"):
+        fit(create_model("cifar_resnet8", width=0.25), digits, TrainSettings(epochs=1, tta_flip=True), CPU)
+    video = load_dataset(DataConfig(name="synthetic-motion", max_train_samples=8, max_val_samples=4))
+    with pytest.raises(EffvisionError, match="tensor_data.*image-only.*video"):
+        fit(create_model("cifar_resnet8", width=0.25), video, TrainSettings(epochs=1, tensor_data=True), CPU)
+    with pytest.raises(ValueError, match="progressive_sizes"):
+        TrainSettings(progressive_sizes=[])
+
+
+# ----------------------------------------------------------------------------- presets
+def test_presets_apply_before_set_overrides(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: p\nmodel: {name: cifar_resnet8}\nstages:\n  - {name: train, type: train, lr: 0.4, ema: true}\n"
+                    "presets:\n  plain: {stages.train.lr: 0.1, stages.train.ema: false, stages.train.schedule: step}\n")
+    r = load_recipe(path, ["stages.train.epochs=3"], preset="plain")
+    assert (r.stages[0].lr, r.stages[0].ema, r.stages[0].schedule, r.stages[0].epochs) == (0.1, False, "step", 3)
+    assert load_recipe(path, ["stages.train.lr=0.7"], preset="plain").stages[0].lr == 0.7
+    with pytest.raises(RecipeError, match="unknown preset 'fast' .*defines: plain"):
+        load_recipe(path, preset="fast")
+    path.write_text(path.read_text().replace("stages.train.ema: false", "stages.train.emma: false"))
+    with pytest.raises(RecipeError, match="emma"):
+        load_recipe(path, preset="plain")
