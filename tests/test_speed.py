@@ -2,6 +2,7 @@
 progressive sizes, step schedule, stopping at a target or a time limit, LARS/LAMB trust ratios,
 recipe presets and the time-to-accuracy runner."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from effvision.errors import EffvisionError
 from effvision.models import create_model
 from effvision.recipe import DataConfig, RecipeError, load_recipe
 from effvision.train import TrainSettings, fit
-from effvision.train.loop import make_optimizer, make_schedule
+from effvision.train.loop import check_tricks, make_optimizer, make_schedule
 from effvision.train.whiten import whiten_first_conv, whitening_filters
 
 CPU = torch.device("cpu")
@@ -161,9 +162,13 @@ def test_image_tricks_train_and_mirror_averaging_is_reported(digits):
 def test_image_tricks_are_refused_where_they_do_not_apply(digits):
     with pytest.raises(EffvisionError, match="hflip: false"):
         fit(create_model("cifar_resnet8", width=0.25), digits, TrainSettings(epochs=1, tta_flip=True), CPU)
-    video = load_dataset(DataConfig(name="synthetic-motion", max_train_samples=8, max_val_samples=4))
-    with pytest.raises(EffvisionError, match="tensor_data.*image-only.*video"):
-        fit(create_model("cifar_resnet8", width=0.25), video, TrainSettings(epochs=1, tensor_data=True), CPU)
+    video = SimpleNamespace(modality="video", name="clips", card=SimpleNamespace(hflip=True))
+    with pytest.raises(EffvisionError, match="tensor_data, whiten: image-only.*video"):
+        check_tricks(TrainSettings(tensor_data=True, whiten=True), video)
+    check_tricks(TrainSettings(tta_flip=True), video)  # mirrored frames are fine
+    points = SimpleNamespace(modality="points", name="shapes", card=SimpleNamespace(hflip=False))
+    with pytest.raises(EffvisionError, match="the data is points"):
+        check_tricks(TrainSettings(tta_flip=True), points)
     with pytest.raises(ValueError, match="progressive_sizes"):
         TrainSettings(progressive_sizes=[])
 
@@ -181,3 +186,47 @@ def test_presets_apply_before_set_overrides(tmp_path):
     path.write_text(path.read_text().replace("stages.train.ema: false", "stages.train.emma: false"))
     with pytest.raises(RecipeError, match="emma"):
         load_recipe(path, preset="plain")
+
+
+# ----------------------------------------------------------------------------- time-to-accuracy runners
+TINY = """name: tiny-speed
+data: {name: digits, batch_size: 32, max_train_samples: 300, max_val_samples: 100}
+model: {name: cifar_resnet8, kwargs: {width: 0.25}}
+stages:
+  - {name: train, type: train, epochs: 4, optimizer: nesterov, lr: 0.2, tensor_data: true, whiten: true}
+presets:
+  plain: {stages.train.optimizer: momentum, stages.train.lr: 0.001, stages.train.schedule: step, stages.train.tensor_data: false,
+          stages.train.whiten: false}
+"""
+
+
+def test_train_seeds_report_time_to_target(tmp_path, capsys):
+    from effvision.cli import main
+    from effvision.fileio import read_json
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY)
+    assert main(["train", str(recipe), "--target-accuracy", "0.3", "--seeds", "2", "--run-dir", str(tmp_path / "run")]) == 0
+    summary = read_json(tmp_path / "run" / "time_to_accuracy.json")
+    assert [r["seed"] for r in summary["rows"]] == [0, 1] and (tmp_path / "run" / "seed-1" / "report.json").is_file()
+    for r in summary["rows"]:
+        metrics = read_json(tmp_path / "run" / f"seed-{r['seed']}" / "stages" / "1-train" / "metrics.json")
+        reached = [h for h in metrics["history"] if h["val_accuracy"] >= 0.3]
+        assert r["time_to_accuracy_s"] == (reached[0]["train_s"] if reached else None)
+        assert metrics["stopped"] == ("target" if reached else None) and metrics["history"][-1] == (reached[0] if reached else metrics["history"][-1])
+    assert "s to target" in capsys.readouterr().out
+
+
+def test_speed_study_caps_the_preset_at_a_multiple_of_the_recipe(tmp_path):
+    from effvision.studies.speed import speed_study, speedup
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY)
+    summary = speed_study(str(recipe), [], "plain", 0.5, 1, 2.0, tmp_path / "study")
+    mine, plain = (next(r for r in summary["rows"] if r["variant"] == v) for v in ("recipe", "plain"))
+    assert mine["time_to_accuracy_s"] is not None  # the tuned recipe gets there
+    assert plain["time_limit_s"] == pytest.approx(2.0 * mine["time_to_accuracy_s"])
+    if plain["time_to_accuracy_s"] is None:  # lr 0.001: the plain preset should not
+        assert plain["stopped"] in ("time limit", None) and plain["train_s"] <= plain["time_limit_s"] + 2.0
+        assert speedup(summary)[1].startswith("≥ 2x")
+    assert (tmp_path / "study" / "speed.md").read_text().count("| recipe |") == 1

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..registry import MODELS
+from .contract import LinearHead
 
 
 class BasicBlock(nn.Module):
@@ -29,7 +30,7 @@ class BasicBlock(nn.Module):
         return self.act(out + self.shortcut(x))
 
 
-class CifarResNet(nn.Module):
+class CifarResNet(LinearHead, nn.Module):
     """Stem + three stages (strides 1, 2, 2) of basic blocks + global pool + linear head."""
 
     def __init__(self, num_classes: int = 10, width: float = 1.0, depth: int = 8, in_chans: int = 3, drop_rate: float = 0.0):
@@ -48,20 +49,6 @@ class CifarResNet(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.drop = nn.Dropout(drop_rate)
         self.fc = nn.Linear(cin, num_classes)
-
-    @property
-    def num_classes(self) -> int:
-        return self.fc.out_features
-
-    @property
-    def num_features(self) -> int:
-        return self.fc.in_features
-
-    def get_classifier(self) -> nn.Module:
-        return self.fc
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.fc = nn.Linear(self.fc.in_features, num_classes)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.stages(self.stem(x))

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..registry import MODELS
+from .contract import LinearHead
 
 FPS_EXPORT_BLOCKER = ("farthest-point sampling inside the network (centroids: fps) has no ONNX operator: it is a loop of "
                       "one data-dependent argmax per centroid, which tracing unrolls into about 12 nodes per centroid "
@@ -54,7 +55,7 @@ def _classifier_head(cin: int, hidden: list[int], dropout: float, act: nn.Module
     return nn.Sequential(*layers)
 
 
-class PointClassifier(nn.Module):
+class PointClassifier(LinearHead, nn.Module):
     """The model contract for point networks: forward_features gives (B, F) pooled features."""
 
     # The largest fp32 logit difference the export stage accepts from an exported copy (unless a
@@ -62,16 +63,6 @@ class PointClassifier(nn.Module):
     # a near-tie may resolve the other way in another runtime and move a few logits (DGCNN on the
     # generated shapes: max 2.5e-3, mean 7e-6, top-1 agreement 1.0).
     parity_tolerance = 1e-3
-
-    def get_classifier(self) -> nn.Module:
-        return self.fc
-
-    @property
-    def num_classes(self) -> int:
-        return self.fc.out_features
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.fc = nn.Linear(self.fc.in_features, num_classes)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.head(x)

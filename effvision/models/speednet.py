@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..registry import MODELS
+from .contract import LinearHead
 
 
 class SpeedBlock(nn.Module):
@@ -31,7 +32,7 @@ class SpeedBlock(nn.Module):
         return self.act2(x + self.bn2(self.conv2(x)))
 
 
-class SpeedNet(nn.Module):
+class SpeedNet(LinearHead, nn.Module):
     def __init__(self, num_classes: int = 10, widths: tuple[int, int, int] = (32, 64, 128), stem_width: int = 24, in_chans: int = 3,
                  bn_momentum: float = 0.4, logit_scale: float = 1 / 9):
         super().__init__()
@@ -45,20 +46,6 @@ class SpeedNet(nn.Module):
         self.pool = nn.AdaptiveMaxPool2d(1)
         self.fc = nn.Linear(cin, num_classes, bias=False)
         self.logit_scale = logit_scale  # a fixed temperature (airbench: 1/9), not a parameter
-
-    @property
-    def num_classes(self) -> int:
-        return self.fc.out_features
-
-    @property
-    def num_features(self) -> int:
-        return self.fc.in_features
-
-    def get_classifier(self) -> nn.Module:
-        return self.fc
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.fc = nn.Linear(self.fc.in_features, num_classes, bias=False)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(self.stem(x))

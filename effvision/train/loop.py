@@ -134,6 +134,11 @@ def epoch_size(s: TrainSettings, epoch: int) -> Optional[int]:
     return sizes[min(len(sizes) - 1, epoch * len(sizes) // max(1, s.epochs))] if sizes else None
 
 
+def to_device(x: torch.Tensor, device: torch.device, memory) -> torch.Tensor:
+    """A batch on the training device; images (4-D) in the loop's memory format."""
+    return x.to(device, non_blocking=True, memory_format=memory) if x.dim() == 4 else x.to(device, non_blocking=True)
+
+
 def resize(x: torch.Tensor, size: Optional[int], memory) -> torch.Tensor:
     if size is None or x.shape[-1] == size:
         return x
@@ -157,7 +162,7 @@ def warm_compiled(step_fn, model: nn.Module, loader, s: TrainSettings, dtype, de
     t = time.perf_counter()
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     x, y, _ = next(iter(loader))
-    x, y = x.to(device, memory_format=memory), y.to(device)
+    x, y = to_device(x, device, memory), y.to(device)
     for size in sorted(set(s.progressive_sizes or [None]), key=lambda v: v or 0):
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = F.cross_entropy(step_fn(resize(x, size, memory)).float(), y)
@@ -239,8 +244,7 @@ def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: in
             size = epoch_size(s, epoch)
             loss_sum, seen, steps = 0.0, 0, 0
             for x, y, idx in loader:
-                x = x.to(device, non_blocking=True, memory_format=memory) if x.dim() == 4 else x.to(device, non_blocking=True)
-                x = resize(x, size, memory)
+                x = resize(to_device(x, device, memory), size, memory)
                 y = y.to(device, non_blocking=True)
                 w = None if weights is None else weights[idx].to(device)
                 with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
