@@ -230,3 +230,21 @@ def test_speed_study_caps_the_preset_at_a_multiple_of_the_recipe(tmp_path):
         assert plain["stopped"] in ("time limit", None) and plain["train_s"] <= plain["time_limit_s"] + 2.0
         assert speedup(summary)[1].startswith("≥ 2x")
     assert (tmp_path / "study" / "speed.md").read_text().count("| recipe |") == 1
+
+
+@pytest.mark.slow
+def test_compiled_training_times_compilation_apart(digits):
+    """torch.compile (a C++ compiler and about a minute on 2 cores): the warm-up that compiles
+    every image size leaves weights, statistics and gradients as they were, and its seconds are
+    counted apart from training."""
+    from effvision.train.loop import warm_compiled
+
+    model = create_model("cifar_resnet8", width=0.5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    s = TrainSettings(epochs=3, lr=0.1, compile=True, tensor_data=True, progressive_sizes=[24, 32])
+    secs = warm_compiled(torch.compile(model, dynamic=False), model, digits.tensor_train_loader(32, CPU), s, None, CPU, torch.contiguous_format)
+    assert secs > 0 and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    res = fit(model, digits, s, CPU)
+    assert res.compile_s > 0 and res.wall_s >= res.train_s + res.compile_s + res.eval_s - 1e-6
+    assert res.history[-1]["loss"] < res.history[0]["loss"]
