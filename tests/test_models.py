@@ -62,6 +62,24 @@ def test_zoo_cards_are_listed():
     assert "cifar_resnet8_100.digits" in list_models()
 
 
+@pytest.mark.parametrize("card", list_cards(), ids=lambda c: c.name)
+def test_card_params_and_macs_are_what_the_model_has(card):
+    from effvision.models import build, resolve
+
+    model = build(resolve(card.name))
+    assert card.params is not None and card.macs is not None, f"{card.name}: the card lacks params/macs"
+    assert (count_params(model), count_macs(model, card.input_size)) == (card.params, card.macs)
+
+
+def test_macs_count_subclassed_layers():
+    """torchvision's video nets use subclasses of nn.Conv3d: they are counted, not free."""
+    class MyConv(torch.nn.Conv3d):
+        pass
+
+    plain, sub = torch.nn.Conv3d(3, 8, 3, padding=1), MyConv(3, 8, 3, padding=1)
+    assert count_macs(sub, [3, 4, 8, 8]) == count_macs(plain, [3, 4, 8, 8]) >= 8 * 27 * 4 * 8 * 8  # (+ the bias, as torch-pruning counts)
+
+
 def test_pruned_checkpoint_rebuilds_exactly(tmp_path):
     m = create_model("cifar_resnet8", num_classes=10).eval()
     prune(m, 0.4, importance="l1")

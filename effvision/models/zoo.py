@@ -19,6 +19,8 @@ class ModelCard(Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: Optional[str] = None
     weights: Optional[str] = Field(None, description="local .pth/.safetensors file")
+    params: Optional[int] = Field(None, ge=0, description="parameters as built (a test recounts them)")
+    macs: Optional[int] = Field(None, ge=0, description="multiply-accumulates of one forward pass at input_size (a test recounts them)")
     paper: Optional[str] = None
     description: str = ""
 
