@@ -283,6 +283,10 @@ def export(model: str = typer.Argument(..., help="An effvision checkpoint (model
            calibration_samples: int = typer.Option(256, help="Samples for int8 calibration.")):
     """Export a model (dynamic batch) and verify it against PyTorch on validation samples; the
     parity figures are written beside the file as <file>.parity.json."""
+    import torch
+
+    from .compress.selection import calibration_indices
+    from .data.selectors import CalibrationConfig
     from .deploy import evaluate
     from .deploy.exporters import export_verified, get_exporter
 
@@ -290,8 +294,10 @@ def export(model: str = typer.Argument(..., help="An effvision checkpoint (model
     net = _load_model(model, None)
     bundle = _export_data(net, data, data_root)
     out_file = out_file or Path("model" + exporter.suffix)
+    # The quantize stage's calibration path: class-balanced training samples, eval transforms.
+    calib = bundle.train_eval_loader(calibration_indices(bundle, CalibrationConfig(n=calibration_samples), net, torch.device("cpu")), batch_size=32)
     path, figures = export_verified(net, format, precision, out_file, net.effvision_spec["input_size"],
-                                    bundle.calibration_loader(calibration_samples), bundle.val_loader(), data=bundle.name)
+                                    calib, bundle.val_loader(), data=bundle.name)
     figures["accuracy"] = evaluate(path, bundle.val_loader())
     from .fileio import write_json
     from .deploy.exporters import parity_path

@@ -32,7 +32,7 @@ def _predictions(path, loader):
 @pytest.mark.parametrize("method", ["minmax", "percentile", "entropy"])
 def test_calibration_methods(trained, method, tmp_path):
     data, fp32 = trained
-    out = quantize_onnx(fp32, tmp_path / "int8.onnx", data.calibration_loader(64, batch_size=16), method=method)
+    out = quantize_onnx(fp32, tmp_path / "int8.onnx", data.train_eval_loader(range(64), batch_size=16), method=method)
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
     assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
     agree = (_predictions(out, data.val_loader()) == _predictions(fp32, data.val_loader())).mean()
@@ -43,10 +43,10 @@ def test_reduce_range_choice_is_boolean_and_explicit_values_work(trained, tmp_pa
     data, fp32 = trained
     assert isinstance(cpu_has_vnni(), bool)
     for rr in (True, False):
-        assert quantize_onnx(fp32, tmp_path / f"q{rr}.onnx", data.calibration_loader(32), reduce_range=rr).is_file()
+        assert quantize_onnx(fp32, tmp_path / f"q{rr}.onnx", data.train_eval_loader(range(32)), reduce_range=rr).is_file()
 
 
 def test_unknown_calibration_method(trained, tmp_path):
     data, fp32 = trained
     with pytest.raises(EffvisionError, match="unknown calibration method"):
-        quantize_onnx(fp32, tmp_path / "x.onnx", data.calibration_loader(8), method="kl")
+        quantize_onnx(fp32, tmp_path / "x.onnx", data.train_eval_loader(range(8)), method="kl")

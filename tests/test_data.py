@@ -36,8 +36,8 @@ def test_stratified_subset():
 
 
 def test_subset_smaller_than_the_class_count():
-    b = load_dataset("digits")
-    assert len(b.calibration_loader(4).dataset) == 4
+    b = load_dataset(DataConfig(name="digits", max_train_samples=4))
+    assert len(b.train) == 4
 
 
 def test_imagefolder_from_folder_and_zip(image_root, tmp_path):

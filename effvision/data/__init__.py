@@ -114,11 +114,6 @@ class DatasetBundle:
         return DataLoader(_Transformed(ds, self.eval_tf), batch_size=batch_size or self.config.eval_batch_size, shuffle=False,
                           num_workers=self.config.num_workers)
 
-    def calibration_loader(self, n: int, batch_size: int = 32, seed: int = 0) -> DataLoader:
-        """n training samples, class-balanced, with eval transforms."""
-        sub = stratified_subset(self.train, min(n, len(self.train)), seed) if n < len(self.train) else self.train
-        return DataLoader(_Transformed(sub, self.eval_tf), batch_size=batch_size, shuffle=False)
-
     def with_train_subset(self, indices: Sequence[int], weights: Optional[Sequence[float]] = None) -> "DatasetBundle":
         """This bundle training on a subset of its training split (a selected coreset)."""
         w = None if weights is None else torch.as_tensor(weights, dtype=torch.float32)

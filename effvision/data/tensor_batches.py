@@ -62,9 +62,10 @@ class TensorBatches:
         self.epoch += 1  # an epoch not announced with set_epoch still gets a fresh order
         bs = min(self.batch_size, self.per_rank)
         for b in range(len(self)):
-            idx = perm[b * bs:(b + 1) * bs]
-            x = self.augment(self.images[idx.to(self.device)].float(), gen)
-            yield (x - self.mean) / self.std, self.targets[idx.to(self.device)], idx
+            idx = perm[b * bs:(b + 1) * bs]  # on the CPU: the loop indexes sample weights with it
+            on_device = idx.to(self.device)
+            x = self.augment(self.images[on_device].float(), gen)
+            yield (x - self.mean) / self.std, self.targets[on_device], idx
 
     def augment(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         n, _, h, w = x.shape
