@@ -34,6 +34,14 @@ def git_sha() -> str | None:
         return None
 
 
+def command_line() -> str | None:
+    """The effvision command that is running (None when effvision is used as a library)."""
+    import shlex
+
+    prog = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return "effvision " + shlex.join(sys.argv[1:]) if prog == "effvision" else None
+
+
 def collect_env() -> dict:
     import torch
 
@@ -43,4 +51,5 @@ def collect_env() -> dict:
         "torch": torch.__version__, "torchvision": _version("torchvision"), "timm": _version("timm"),
         "onnx": _version("onnx"), "onnxruntime": _version("onnxruntime"), "torch_pruning": _version("torch-pruning"),
         "cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpu": gpu, "git_sha": git_sha(),
+        "command": command_line(),
     }

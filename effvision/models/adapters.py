@@ -1,8 +1,6 @@
 """Reach any timm or torchvision classification model by name, with num_classes and input size set."""
 from __future__ import annotations
 
-import inspect
-
 from torch import nn
 
 from ..registry import UnknownNameError, suggest
@@ -14,16 +12,16 @@ def create_timm(name: str, num_classes: int, input_size: list[int] | None, **kwa
     if not timm.is_model(name):
         raise UnknownNameError(suggest(name, timm.list_models(), "timm model"))
     if input_size is not None:
-        # timm reads img_size for models whose shape depends on it (ViTs); CNNs ignore it.
-        entrypoint = timm.models.model_entrypoint(name)
         kwargs.setdefault("pretrained_cfg_overlay", {})["input_size"] = tuple(input_size)
-        if "img_size" in str(inspect.signature(entrypoint)) or _vit_like(name):
-            kwargs.setdefault("img_size", input_size[-1])
+        # timm reads img_size for models whose shape depends on it (ViTs, LeViT); most CNNs and
+        # hybrids (FastViT, MobileViT) refuse it, and their entrypoints hide which is which.
+        if "img_size" not in kwargs:
+            try:
+                return timm.create_model(name, pretrained=False, num_classes=num_classes, img_size=input_size[-1], **kwargs)
+            except TypeError as exc:
+                if "img_size" not in str(exc):
+                    raise
     return timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
-
-
-def _vit_like(name: str) -> bool:
-    return any(k in name for k in ("vit", "deit", "swin", "beit", "eva", "mixer", "levit", "cait", "xcit"))
 
 
 def create_torchvision(name: str, num_classes: int, input_size: list[int] | None, **kwargs) -> nn.Module:

@@ -60,13 +60,15 @@ def build(spec: dict) -> nn.Module:
 
 
 def create_model(name: str, num_classes: int | None = None, pretrained: str | None = None, input_size: list[int] | None = None, **kwargs) -> nn.Module:
-    """Build a model by name; `pretrained` (or the card's weights) loads a local file, resetting
-    the head when its class count differs."""
+    """Build a model by name. `pretrained` (or the card's `weights`) loads a local file, an
+    `hf-hub:` repo from the Hugging Face cache, or `zoo` (the card's own weights); the head keeps
+    its fresh initialisation when the class count differs."""
     from .checkpoint import load_pretrained
+    from .hub import weights_file
 
     spec = resolve(name, num_classes, input_size, **kwargs)
     model = build(spec)
-    weights = pretrained or spec.get("weights")
-    if weights:
-        load_pretrained(model, weights)
+    source = pretrained or spec.get("weights")
+    if source:
+        load_pretrained(model, weights_file(source, get_card(name)))
     return model

@@ -1,0 +1,147 @@
+"""The conformance run: one model through every stage the pipeline puts it through.
+
+create -> forward (shape, finite) -> backward (every trainable parameter gets a gradient) ->
+prune -> forward -> ONNX export -> ONNX Runtime parity -> int8 quantize -> int8 runs.
+The zoo's test suite and `effvision zoo compat` (docs/compat.md) both run it, so a table row and a
+test result mean the same thing.
+"""
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STEPS = ("create", "forward", "backward", "prune", "pruned forward", "export", "parity", "int8")
+
+
+class StepFailed(Exception):
+    def __init__(self, step: str, reason: str):
+        super().__init__(f"{step}: {reason}")
+        self.step, self.reason = step, reason
+
+
+@dataclass
+class Conformance:
+    name: str
+    input_size: list[int]
+    passed: list[str] = field(default_factory=list)
+    failed_step: str | None = None
+    reason: str | None = None
+    params: int | None = None
+    macs: int | None = None
+    pruned_params: int | None = None
+    pruned_macs: int | None = None
+    parity_error: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_step is None
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "ok": self.ok}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {text}"[:240]
+
+
+def _check_output(out, batch: int, num_classes: int, step: str) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise StepFailed(step, f"returned {type(out).__name__}, not a tensor of logits")
+    if tuple(out.shape) != (batch, num_classes):
+        raise StepFailed(step, f"output shape {tuple(out.shape)}, expected {(batch, num_classes)}")
+    if not torch.isfinite(out).all():
+        raise StepFailed(step, "output has NaN or Inf")
+
+
+def run_conformance(name: str, input_size: list[int], num_classes: int = 10, prune_ratio: float = 0.3, atol: float = 1e-3,
+                    rtol: float = 1e-3, calibration_samples: int = 8, workdir: str | Path | None = None, **model_kwargs) -> Conformance:
+    """Run every step; stop at the first failure and record which step failed and why (one line).
+    Parity: |onnx - torch| <= atol + rtol * max|torch| on the pruned model's logits."""
+    from ..compress import prune
+    from ..compress.quantize import quantize_onnx
+    from ..deploy import export_onnx
+    from ..deploy.runtime import ort_session, run_session
+    from .factory import create_model
+    from .profile import count_macs, count_params
+
+    result = Conformance(name, list(input_size))
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    x = torch.randn(2, *input_size)
+    step = "create"
+    try:
+        with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+            model = create_model(name, num_classes=num_classes, input_size=list(input_size), **model_kwargs)
+            result.params, result.macs = count_params(model), count_macs(model, list(input_size))
+            result.passed.append(step)
+
+            step = "forward"
+            model.train()
+            out = model(x)
+            _check_output(out, 2, num_classes, step)
+            result.passed.append(step)
+
+            step = "backward"
+            out.float().pow(2).mean().backward()
+            missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+            if missing:
+                raise StepFailed(step, f"{len(missing)} parameters get no gradient (e.g. {missing[0]})")
+            model.zero_grad(set_to_none=True)
+            result.passed.append(step)
+
+            step = "prune"
+            prune(model, prune_ratio)
+            result.pruned_params, result.pruned_macs = count_params(model), count_macs(model, list(input_size))
+            if result.pruned_params >= result.params:
+                raise StepFailed(step, "no channel was removed")
+            result.passed.append(step)
+
+            step = "pruned forward"
+            model.eval()
+            with torch.inference_mode():
+                ref = model(x)
+            _check_output(ref, 2, num_classes, step)
+            if hasattr(model, "reset_classifier"):  # the model contract holds on the pruned model
+                clone = copy.deepcopy(model)
+                clone.reset_classifier(3)
+                with torch.inference_mode():
+                    _check_output(clone(x), 2, 3, step)
+            result.passed.append(step)
+
+            step = "export"
+            onnx_path = export_onnx(model, Path(tmp) / "model.onnx", shape=list(input_size))
+            result.passed.append(step)
+
+            step = "parity"
+            session = ort_session(onnx_path)
+            batch = torch.cat([x, x, x])  # a batch size other than the export's
+            got = run_session(session, batch)
+            if got.shape != (6, num_classes):
+                raise StepFailed(step, f"ONNX output shape {got.shape} for a batch of 6")
+            ref = ref.numpy()
+            result.parity_error = float(np.abs(got[:2] - ref).max())
+            if not result.parity_error <= atol + rtol * float(np.abs(ref).max()):
+                raise StepFailed(step, f"max |onnx - torch| = {result.parity_error:.2e} on logits up to {np.abs(ref).max():.2e}")
+            result.passed.append(step)
+
+            step = "int8"
+            calib = [(torch.randn(calibration_samples, *input_size),)]
+            int8_path = quantize_onnx(onnx_path, Path(tmp) / "model.int8.onnx", calib, method="minmax")
+            got = run_session(ort_session(int8_path), x)
+            if got.shape != (2, num_classes) or not np.isfinite(got).all():
+                raise StepFailed(step, f"int8 model gave shape {got.shape}, finite={bool(np.isfinite(got).all())}")
+            result.passed.append(step)
+    except StepFailed as exc:
+        result.failed_step, result.reason = exc.step, exc.reason
+    except Exception as exc:  # noqa: BLE001  (any failure is a row in the table, with its reason)
+        result.failed_step, result.reason = step, _one_line(exc)
+    result.seconds = round(time.perf_counter() - start, 2)
+    return result
