@@ -9,11 +9,12 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo test bench bench-video bench-points bench-data bench-speed bench-cpu gpu-bench gpu-speedrun gpu-data gpu-wheels sysdeps clean help
+.PHONY: install demo test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu gpu-bench gpu-speedrun gpu-data gpu-wheels sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
 	@echo "make test   - install into $(VENV) (if needed) and run the test suite"
+	@echo "make test-all - every test: the zoo-wide conformance sweep and the slow ones too"
 	@echo "make bench  - slow tests and the CIFAR-10 pipeline on ../shared/datasets"
 	@echo "make bench-video - video loader speed, the video demo and its single-frame twin (BENCHMARKS.md)"
 	@echo "make bench-points - point-cloud loader and FPS speed, and the point-cloud demo (BENCHMARKS.md)"
@@ -47,7 +48,16 @@ demo: $(STAMP)
 	$(BIN)/effvision compress compress/default.yaml --run-dir runs/demo
 
 test: $(STAMP) sysdeps
-	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow" --durations=12
+	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow and not zoo" --durations=12
+
+# Everything: the conformance sweep over every card and architecture (marker zoo) and the slow
+# tests (those that read ../shared skip without it).
+test-all: $(STAMP) sysdeps
+	EFFVISION_QUIET=1 $(BIN)/python -m pytest --durations=20
+
+# docs/compat.md: timm's efficient families through prune, export and int8 (about 20 min on 2 cores).
+zoo-compat: $(STAMP) sysdeps
+	HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(BIN)/effvision zoo compat
 
 bench: $(STAMP)
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m slow

@@ -78,6 +78,44 @@ def zoo_show(name: str = typer.Argument(..., help="A card name from `effvision z
     print(json.dumps(card.model_dump(mode="json"), indent=2))
 
 
+@zoo_app.command("compat")
+def zoo_compat(models: Optional[str] = typer.Option(None, help="Comma-separated timm model names (default: the built-in list of efficient families)."),
+               size: int = typer.Option(224, min=16, help="Input height and width."),
+               prune_ratio: float = typer.Option(0.3, min=0.01, max=0.95, help="Channels removed from every prunable group."),
+               timeout: float = typer.Option(300, min=10, help="Seconds per model; a model still running then is a failure saying where it was stuck."),
+               out: Path = typer.Option(Path("docs/compat.md"), help="Markdown table to write (a .json with every measurement goes beside it).")):
+    """Take timm models through create, forward, backward, prune, export, ONNX Runtime parity and int8; write the table."""
+    from .models.compat import DEFAULT_MODELS, run_compat, write_compat
+    from .progress import track
+
+    names = _csv(models) if models else list(DEFAULT_MODELS)
+    rows = run_compat(names, size=size, prune_ratio=prune_ratio, timeout_s=timeout, progress=track)
+    command = "effvision zoo compat" + (f" --models {models}" if models else "") + (f" --size {size}" if size != 224 else "") + \
+        (f" --prune-ratio {prune_ratio}" if prune_ratio != 0.3 else "") + (f" --timeout {timeout:g}" if timeout != 300 else "") + (f" --out {out}" if out != Path("docs/compat.md") else "")
+    path = write_compat(rows, out, size, prune_ratio, command)
+    _table(f"{sum(r.ok for r in rows)} of {len(rows)} pass every step", ["model", "result", "failing step: reason"],
+           [[r.name.removeprefix("timm:"), "pass" if r.ok else "[red]FAIL[/]", "" if r.ok else f"{r.failed_step}: {r.reason}"] for r in rows])
+    print(f"wrote {path}")
+
+
+@zoo_app.command("publish")
+def zoo_publish(run_dir: Path = typer.Argument(..., help="A finished run folder, e.g. runs/demo."),
+                stage: str = typer.Option(..., help="The stage whose model to publish (unpruned, e.g. baseline)."),
+                card: Optional[str] = typer.Option(None, help="The zoo card (default: the model name the run used)."),
+                write: bool = typer.Option(False, "--write", help="Write the trained: block into the card file (else print it).")):
+    """Save a run stage's weights next to its zoo card (safetensors + sha256) with the accuracy, recipe and command."""
+    import yaml
+
+    from .models.publish import append_trained_block, publish
+
+    path, block = publish(run_dir, stage, card)
+    name = card or path.stem
+    if write:
+        print(f"wrote {path} and the trained: block of {append_trained_block(name, block)}")
+    else:
+        print(f"wrote {path}; add to the card (or rerun with --write):\n" + yaml.safe_dump({"trained": block}, sort_keys=False, width=1000))
+
+
 # ----------------------------------------------------------------------------- data
 @data_app.command("inspect")
 def data_inspect(path: Path = typer.Argument(..., help="A file, a folder or a .zip."),

@@ -3,6 +3,7 @@ smaller model (fewer channels), not a masked one."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -52,11 +53,16 @@ def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning
     frozen = {n for n, q in model.named_parameters() if not q.requires_grad}
     for q in model.parameters():
         q.requires_grad_(True)
-    ignored = [m for m in [classifier_of(model)] if m is not None] + list(match_layers(model, ignore or []).values())
+    ignored = [m for m in [classifier_of(model)] if m is not None] + list(match_layers(model, ignore or []).values()) + attention_internals(model)
     per_layer = {m: r for pat, r in (layer_ratios or {}).items() for m in match_layers(model, [pat]).values()}
-    pruner = tp.pruner.MetaPruner(model, example, importance=_importance(importance), pruning_ratio=ratio, global_pruning=global_pruning,
-                                  pruning_ratio_dict=per_layer or None, ignored_layers=ignored, round_to=round_to, iterative_steps=iterative_steps,
-                                  unwrapped_parameters=_channel_parameters(model) or None)
+    with warnings.catch_warnings():
+        # Layer scales and the like: torch-pruning prunes their last non-singleton dimension, which
+        # is their channel dimension; the ones that are not (per-head) are in `ignored` above.
+        warnings.filterwarnings("ignore", message="Unwrapped parameters detected")
+        pruner = tp.pruner.MetaPruner(model, example, importance=_importance(importance), pruning_ratio=ratio, global_pruning=global_pruning,
+                                      pruning_ratio_dict=per_layer or None, ignored_layers=ignored, round_to=round_to, iterative_steps=iterative_steps,
+                                      unwrapped_parameters=_channel_parameters(model) or None)
+    _keep_uneven_grouped_convs(pruner)
     # Nested classifiers too (a video model's 2D backbone): each keeps its cached widths in step.
     owners = [m for m in model.modules() if hasattr(m, "reset_classifier")] or [model]
     widths_before = [(m, _head_widths(m)) for m in owners]
@@ -72,29 +78,81 @@ def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning
     return model
 
 
+_QKV_NAMES = {"qkv", "qkvs", "qkv_proj", "kv"}
+
+
+def _is_attention(m: nn.Module) -> bool:
+    """By its head count, its name, or query/key/value children (EfficientViT's LiteMLA has only those)."""
+    name = type(m).__name__.lower()
+    return (isinstance(getattr(m, "num_heads", None), int) or "attention" in name or name.endswith("attn")
+            or any(child in _QKV_NAMES for child, _ in m.named_children()))
+
+
+def attention_internals(model: nn.Module) -> list[nn.Module | nn.Parameter]:
+    """Every layer inside an attention module but its last (the output projection), and the
+    module's own per-head parameters (temperatures, position biases). Their widths are tied to
+    heads that each implementation reshapes by its own cached sizes (num_heads, key_dim, ...), so
+    they are kept; the block's input and output widths still prune."""
+    inner: list[nn.Module | nn.Parameter] = []
+    for m in model.modules():
+        if _is_attention(m):
+            layers = [c for c in m.modules() if isinstance(c, (nn.Linear, nn.modules.conv._ConvNd))]
+            inner += layers[:-1]
+            inner += [p for c in m.modules() if not isinstance(c, (nn.Linear, nn.modules.conv._ConvNd)) for p in c.parameters(recurse=False)
+                      if not isinstance(c, (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm))]
+    return inner
+
+
+def _is_uneven_grouped(m) -> bool:
+    return isinstance(m, nn.modules.conv._ConvNd) and m.groups > 1 and m.in_channels != m.out_channels
+
+
+def _keep_uneven_grouped_convs(pruner) -> None:
+    """Grouped convolutions whose output width differs from their input (a channel multiplier, as
+    in FastViT's patch embedding) break torch-pruning's group-wise indexing; the channel groups
+    they touch, on either side, keep their width."""
+    for group in list(pruner.DG.get_all_groups(ignored_layers=pruner.ignored_layers, root_module_types=pruner.root_module_types)):
+        if any(_is_uneven_grouped(dep.target.module) for dep, _ in group):
+            pruner.ignored_layers += [dep.target.module for dep, _ in group
+                                      if isinstance(dep.target.module, nn.Module) and pruner.DG.is_out_channel_pruning_fn(dep.handler)]
+
+
 def _channel_parameters(model: nn.Module) -> list[tuple[nn.Parameter, int]]:
     """(parameter, channel dim) of modules that declare per-channel parameters outside standard
     layers (`channel_parameters()`), so torch-pruning prunes them without guessing the dim."""
     return [pd for m in model.modules() if hasattr(m, "channel_parameters") for pd in m.channel_parameters()]
 
 
+def _width(layer: nn.Module | None, attr: str) -> int | None:
+    value = getattr(layer, attr, None)
+    return value[0] if isinstance(value, tuple) and value else value if isinstance(value, int) else None
+
+
 def _head_widths(model: nn.Module) -> list[int | None]:
-    """Channel counts near the head that timm models cache as attributes."""
+    """Channel counts near the head that timm models (and their head modules) cache as attributes."""
     head, conv_head = classifier_of(model), getattr(model, "conv_head", None)
-    return [getattr(head, "in_features", None), getattr(conv_head, "out_channels", None), getattr(conv_head, "in_channels", None)]
+    head_norm = getattr(getattr(model, "head", None), "norm", None)
+    return [_width(head, "in_features"), _width(conv_head, "out_channels"), _width(conv_head, "in_channels"),
+            _width(head_norm, "normalized_shape") or _width(head_norm, "num_features")]
 
 
 def _sync_cached_widths(model: nn.Module, before: list[int | None]) -> None:
-    """timm models cache num_features / head_hidden_size and reset_classifier() sizes the new head
-    from them; point each at the pruned width of the layer it described."""
+    """timm models cache num_features / head_hidden_size, and head modules (NormMlpClassifierHead)
+    their in_features; reset_classifier() sizes the new head from them. Point each at the pruned
+    width of the layer it described."""
     after = _head_widths(model)
-    for attr in ("num_features", "head_hidden_size"):
-        if isinstance(getattr(type(model), attr, None), property) or not isinstance(getattr(model, attr, None), int):
-            continue
-        old = getattr(model, attr)
-        match = next((new for was, new in zip(before, after) if was == old and new is not None), None)
-        if match is not None:
-            setattr(model, attr, match)
+    head = getattr(model, "head", None)
+    owners = [(model, ("num_features", "head_hidden_size"))]
+    if isinstance(head, nn.Module) and not isinstance(head, (nn.Linear, nn.modules.conv._ConvNd)):
+        owners.append((head, ("in_features", "num_features")))
+    for owner, attrs in owners:
+        for attr in attrs:
+            if isinstance(getattr(type(owner), attr, None), property) or not isinstance(getattr(owner, attr, None), int):
+                continue
+            old = getattr(owner, attr)
+            match = next((new for was, new in zip(before, after) if was == old and new is not None), None)
+            if match is not None:
+                setattr(owner, attr, match)
 
 
 def _accumulate_gradients(model: nn.Module, loader, batches: int = 4) -> None:

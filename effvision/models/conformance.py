@@ -38,6 +38,7 @@ class Conformance:
     pruned_macs: int | None = None
     parity_error: float | None = None
     seconds: float = 0.0
+    cause: str | None = None  # for a failure: whose it is (upstream or effvision), when known
 
     @property
     def ok(self) -> bool:
@@ -52,6 +53,11 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:240]
 
 
+def _announce(on_step, step: str) -> None:
+    if on_step is not None:
+        on_step(step)
+
+
 def _check_output(out, batch: int, num_classes: int, step: str) -> None:
     if not isinstance(out, torch.Tensor):
         raise StepFailed(step, f"returned {type(out).__name__}, not a tensor of logits")
@@ -62,9 +68,11 @@ def _check_output(out, batch: int, num_classes: int, step: str) -> None:
 
 
 def run_conformance(name: str, input_size: list[int], num_classes: int = 10, prune_ratio: float = 0.3, atol: float = 1e-3,
-                    rtol: float = 1e-3, calibration_samples: int = 8, workdir: str | Path | None = None, **model_kwargs) -> Conformance:
+                    rtol: float = 1e-3, calibration_samples: int = 8, workdir: str | Path | None = None, on_step=None,
+                    **model_kwargs) -> Conformance:
     """Run every step; stop at the first failure and record which step failed and why (one line).
-    Parity: |onnx - torch| <= atol + rtol * max|torch| on the pruned model's logits."""
+    Parity: |onnx - torch| <= atol + rtol * max|torch| on the pruned model's logits. `on_step(name)`
+    is called as each step starts (a supervisor that kills a stuck run reads it)."""
     from ..compress import prune
     from ..compress.quantize import quantize_onnx
     from ..deploy import export_onnx
@@ -77,6 +85,7 @@ def run_conformance(name: str, input_size: list[int], num_classes: int = 10, pru
     torch.manual_seed(0)
     x = torch.randn(2, *input_size)
     step = "create"
+    _announce(on_step, step)
     try:
         with tempfile.TemporaryDirectory(dir=workdir) as tmp:
             model = create_model(name, num_classes=num_classes, input_size=list(input_size), **model_kwargs)
@@ -84,12 +93,16 @@ def run_conformance(name: str, input_size: list[int], num_classes: int = 10, pru
             result.passed.append(step)
 
             step = "forward"
+            _announce(on_step, step)
             model.train()
             out = model(x)
             _check_output(out, 2, num_classes, step)
+            if hasattr(model, "forward_features") and hasattr(model, "forward_head"):  # the model contract's two halves
+                _check_output(model.forward_head(model.forward_features(x)), 2, num_classes, step)
             result.passed.append(step)
 
             step = "backward"
+            _announce(on_step, step)
             out.float().pow(2).mean().backward()
             missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
             if missing:
@@ -98,6 +111,7 @@ def run_conformance(name: str, input_size: list[int], num_classes: int = 10, pru
             result.passed.append(step)
 
             step = "prune"
+            _announce(on_step, step)
             prune(model, prune_ratio)
             result.pruned_params, result.pruned_macs = count_params(model), count_macs(model, list(input_size))
             if result.pruned_params >= result.params:
@@ -105,6 +119,7 @@ def run_conformance(name: str, input_size: list[int], num_classes: int = 10, pru
             result.passed.append(step)
 
             step = "pruned forward"
+            _announce(on_step, step)
             model.eval()
             with torch.inference_mode():
                 ref = model(x)
@@ -117,10 +132,12 @@ def run_conformance(name: str, input_size: list[int], num_classes: int = 10, pru
             result.passed.append(step)
 
             step = "export"
+            _announce(on_step, step)
             onnx_path = export_onnx(model, Path(tmp) / "model.onnx", shape=list(input_size))
             result.passed.append(step)
 
             step = "parity"
+            _announce(on_step, step)
             session = ort_session(onnx_path)
             batch = torch.cat([x, x, x])  # a batch size other than the export's
             got = run_session(session, batch)
@@ -133,6 +150,7 @@ def run_conformance(name: str, input_size: list[int], num_classes: int = 10, pru
             result.passed.append(step)
 
             step = "int8"
+            _announce(on_step, step)
             calib = [(torch.randn(calibration_samples, *input_size),)]
             int8_path = quantize_onnx(onnx_path, Path(tmp) / "model.int8.onnx", calib, method="minmax")
             got = run_session(ort_session(int8_path), x)

@@ -15,7 +15,7 @@ class TrainedWeights(Strict):
     """Weights the project trained for this card, how, and what they scored (a test re-scores them)."""
 
     accuracy: float = Field(..., ge=0, le=1, description="top-1 on `split` of the card's dataset")
-    split: str = "test"
+    split: str = Field("val", description="the split the recipe validates on")
     recipe: str = Field(..., description="the recipe that trained them (a name under compress/)")
     stage: str = Field(..., description="the recipe stage whose model these are")
     command: str = Field(..., description="the command that produced them")
