@@ -46,7 +46,8 @@ def _table(title: str, head: list[str], rows: list[list[str]]) -> None:
 @zoo_app.command("list")
 def zoo_list(modality: Optional[str] = typer.Option(None, help="image, video or points"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
-    """List the zoo's model cards with parameters, MACs and input size (measured by building each)."""
+    """List the zoo's model cards with parameters, MACs, input size and default recipe (a card
+    without params/MACs is built and measured)."""
     from .models import build, count_macs, count_params, resolve
     from .models.zoo import list_cards
     from .report import fmt_num
@@ -55,14 +56,19 @@ def zoo_list(modality: Optional[str] = typer.Option(None, help="image, video or 
         raise EffvisionError(f"unknown modality '{modality}' (choices: image, video, points)")
     rows = []
     for card in list_cards(modality):
-        model = build(resolve(card.name))
-        rows.append({"name": card.name, "arch": card.arch, "modality": card.modality, "params": count_params(model),
-                     "macs": count_macs(model, card.input_size), "input_size": card.input_size, "num_classes": card.num_classes, "dataset": card.dataset})
+        params, macs = card.params, card.macs
+        if params is None or macs is None:
+            model = build(resolve(card.name))
+            params, macs = count_params(model), count_macs(model, card.input_size)
+        rows.append({"name": card.name, "arch": card.arch, "modality": card.modality, "params": params, "macs": macs,
+                     "input_size": card.input_size, "num_classes": card.num_classes, "dataset": card.dataset, "recipe": card.recipe,
+                     "accuracy": card.trained.accuracy if card.trained else None})
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    _table("effvision zoo", ["name", "modality", "params", "MACs", "input size", "classes", "dataset"],
-           [[r["name"], r["modality"], fmt_num(r["params"]), fmt_num(r["macs"]), "x".join(map(str, r["input_size"])), str(r["num_classes"]), r["dataset"] or "-"] for r in rows])
+    _table("effvision zoo", ["name", "modality", "params", "MACs", "input size", "classes", "dataset", "recipe", "trained top-1"],
+           [[r["name"], r["modality"], fmt_num(r["params"]), fmt_num(r["macs"]), "x".join(map(str, r["input_size"])), str(r["num_classes"]),
+             r["dataset"] or "-", r["recipe"] or "-", "-" if r["accuracy"] is None else f"{r['accuracy']:.4f}"] for r in rows])
 
 
 @zoo_app.command("show")

@@ -115,6 +115,7 @@ def test_zoo_list_and_show(capsys):
     rows = json.loads(out)
     card = next(r for r in rows if r["name"] == "cifar_resnet8_100.digits")
     assert card["params"] > 100_000 and card["macs"] > 1_000_000 and card["input_size"] == [3, 32, 32]
+    assert card["recipe"] == "default" and 0 < card["accuracy"] <= 1
     code, out, _ = run(capsys, "zoo", "list")
     assert code == 0 and "cifar_resnet8_100.digits" in out and "MACs" in out
     code, out, _ = run(capsys, "zoo", "show", "cifar_resnet8_100.digits")

@@ -154,3 +154,23 @@ def test_trained_cards_score_what_they_claim(card):
     if overrides is None:
         pytest.skip("../shared/datasets (CIFAR-10) is not present")
     assert score_trained(card, overrides) == pytest.approx(card.trained.accuracy, abs=1e-4)
+
+
+def test_zoo_compat_writes_the_table(tmp_path, capsys):
+    import json
+
+    from effvision.models.conformance import STEPS
+
+    out = tmp_path / "compat.md"
+    assert main(["zoo", "compat", "--models", "mobilenetv3_small_050", "--size", "32", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| mobilenetv3_small_050 |" in text and "**1 of 1 pass every step (100%).**" in text
+    assert "effvision zoo compat --models mobilenetv3_small_050 --size 32" in text  # the command that wrote it
+    row = json.loads(out.with_suffix(".json").read_text())["rows"][0]
+    assert row["passed"] == list(STEPS) and row["pruned_params"] < row["params"]
+
+
+def test_zoo_compat_unknown_model_fails_before_running(tmp_path, capsys):
+    assert main(["zoo", "compat", "--models", "mobilenetv3_smal_050", "--out", str(tmp_path / "c.md")]) == 1
+    assert "did you mean 'mobilenetv3_small_050'" in capsys.readouterr().err
+    assert not (tmp_path / "c.md").exists()

@@ -98,8 +98,7 @@ def attention_internals(model: nn.Module) -> list[nn.Module | nn.Parameter]:
         if _is_attention(m):
             layers = [c for c in m.modules() if isinstance(c, (nn.Linear, nn.modules.conv._ConvNd))]
             inner += layers[:-1]
-            inner += [p for c in m.modules() if not isinstance(c, (nn.Linear, nn.modules.conv._ConvNd)) for p in c.parameters(recurse=False)
-                      if not isinstance(c, (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm))]
+            inner += list(m.parameters(recurse=False))  # its own, not a layer scale's inside it
     return inner
 
 
