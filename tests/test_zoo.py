@@ -145,8 +145,10 @@ def _root_for(card):
 TRAINED = [c for c in list_cards() if c.trained is not None]
 
 
-@pytest.mark.parametrize("card", [pytest.param(c, marks=pytest.mark.slow) if c.dataset == "cifar10" else c for c in TRAINED],
-                         ids=lambda c: c.name)
+# make test re-scores the digits card; the generated clips and shapes (20-30 s each) and CIFAR-10
+# (../shared) run under make test-all.
+@pytest.mark.parametrize("card", [c if c.dataset == "digits" else pytest.param(c, marks=pytest.mark.slow if c.dataset == "cifar10" else pytest.mark.zoo)
+                                  for c in TRAINED], ids=lambda c: c.name)
 def test_trained_cards_score_what_they_claim(card):
     from effvision.models.publish import score_trained
 
@@ -156,6 +158,7 @@ def test_trained_cards_score_what_they_claim(card):
     assert score_trained(card, overrides) == pytest.approx(card.trained.accuracy, abs=1e-4)
 
 
+@pytest.mark.zoo  # a fresh process per model: about 20 s
 def test_zoo_compat_writes_the_table(tmp_path, capsys):
     import json
 
