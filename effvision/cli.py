@@ -96,8 +96,9 @@ def zoo_compat(models: Optional[str] = typer.Option(None, help="Comma-separated 
 
     names = _csv(models) if models else list(DEFAULT_MODELS)
     rows = run_compat(names, size=size, prune_ratio=prune_ratio, timeout_s=timeout, progress=track)
-    command = "effvision zoo compat" + (f" --models {models}" if models else "") + (f" --size {size}" if size != 224 else "") + \
-        (f" --prune-ratio {prune_ratio}" if prune_ratio != 0.3 else "") + (f" --timeout {timeout:g}" if timeout != 300 else "") + (f" --out {out}" if out != Path("docs/compat.md") else "")
+    import shlex
+
+    command = "effvision " + shlex.join(_ARGV)  # the table says what wrote it
     path = write_compat(rows, out, size, prune_ratio, command)
     _table(f"{sum(r.ok for r in rows)} of {len(rows)} pass every step", ["model", "result", "failing step: reason"],
            [[r.name.removeprefix("timm:"), "pass" if r.ok else "[red]FAIL[/]", "" if r.ok else f"{r.failed_step}: {r.reason}"] for r in rows])

@@ -32,42 +32,39 @@ def test_conformance(name, tmp_path):
     assert result.pruned_macs < 0.8 * result.macs and result.pruned_params < result.params
 
 
+class _TinyNet(torch.nn.Module):
+    """conv -> pool -> fc, optionally with a layer the forward never uses."""
+
+    def __init__(self, spare: bool = False):
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv2d(3, 16, 3), torch.nn.Linear(16, 7)
+        self.spare = torch.nn.Linear(4, 4) if spare else None
+
+    def forward(self, x):
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def _conformance_of(builder, tmp_path):
+    MODELS.register("test_tiny", builder)
+    try:
+        return run_conformance("test_tiny", [3, 16, 16], num_classes=7, workdir=tmp_path)
+    finally:
+        MODELS._entries.pop("test_tiny")
+
+
 def test_conformance_reports_the_failing_step(tmp_path):
     """A model whose export cannot work fails at `export`, with the reason in one line."""
-    class Sampler(torch.nn.Module):  # random sampling inside the network: refused before export
+    class Sampler(_TinyNet):  # random sampling inside the network: refused before export
         export_blocker = "torch.multinomial: sampling inside the network"
 
-        def __init__(self):
-            super().__init__()
-            self.conv, self.fc = torch.nn.Conv2d(3, 16, 3), torch.nn.Linear(16, 7)
-
-        def forward(self, x):
-            return self.fc(self.conv(x).mean((2, 3)))
-
-    MODELS.register("test_sampler", lambda num_classes=7, **kw: Sampler())
-    try:
-        result = run_conformance("test_sampler", [3, 16, 16], num_classes=7, workdir=tmp_path)
-    finally:
-        MODELS._entries.pop("test_sampler")
+    result = _conformance_of(lambda num_classes=7, **kw: Sampler(), tmp_path)
     assert (result.ok, result.failed_step) == (False, "export")
     assert result.passed == ["create", "forward", "backward", "prune", "pruned forward"]
     assert "multinomial" in result.reason and "\n" not in result.reason
 
 
 def test_backward_names_a_parameter_without_gradient(tmp_path):
-    class Unused(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv, self.fc, self.spare = torch.nn.Conv2d(3, 16, 3), torch.nn.Linear(16, 7), torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.fc(self.conv(x).mean((2, 3)))
-
-    MODELS.register("test_unused", lambda num_classes=7, **kw: Unused())
-    try:
-        result = run_conformance("test_unused", [3, 16, 16], num_classes=7, workdir=tmp_path)
-    finally:
-        MODELS._entries.pop("test_unused")
+    result = _conformance_of(lambda num_classes=7, **kw: _TinyNet(spare=True), tmp_path)
     assert result.failed_step == "backward" and "spare.weight" in result.reason
 
 

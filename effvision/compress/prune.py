@@ -62,7 +62,8 @@ def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning
         pruner = tp.pruner.MetaPruner(model, example, importance=_importance(importance), pruning_ratio=ratio, global_pruning=global_pruning,
                                       pruning_ratio_dict=per_layer or None, ignored_layers=ignored, round_to=round_to, iterative_steps=iterative_steps,
                                       unwrapped_parameters=_channel_parameters(model) or None)
-    _keep_uneven_grouped_convs(pruner)
+    if any(_is_uneven_grouped(m) for m in model.modules()):  # (another pass over the groups: only when needed)
+        _keep_uneven_grouped_convs(pruner)
     # Nested classifiers too (a video model's 2D backbone): each keeps its cached widths in step.
     owners = [m for m in model.modules() if hasattr(m, "reset_classifier")] or [model]
     widths_before = [(m, _head_widths(m)) for m in owners]

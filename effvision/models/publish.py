@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import EffvisionError
-from ..fileio import atomic_write, read_json
+from ..fileio import atomic_write, read_json, write_text
 
 # Weights above this size are not committed; a card then says how to reproduce them.
 MAX_COMMITTED_BYTES = 5 * 1024 * 1024
@@ -72,8 +72,7 @@ def append_trained_block(card_name: str, block: dict) -> Path:
             end += 1
         lines = lines[:start] + lines[end:]
     text = "\n".join(lines).rstrip("\n") + "\n" + yaml.safe_dump({"trained": block}, sort_keys=False, width=1000)
-    file.write_text(text)
-    return file
+    return write_text(file, text)
 
 
 def score_trained(card, overrides: list[str] | None = None) -> float:
