@@ -16,7 +16,7 @@ help:
 	@echo "make test   - install into $(VENV) (if needed) and run the test suite"
 	@echo "make test-all - every test: the zoo-wide conformance sweep and the slow ones too"
 	@echo "make bench  - slow tests and the CIFAR-10 pipeline on ../shared/datasets"
-	@echo "make bench-video - video loader speed, the video demo and its single-frame twin (BENCHMARKS.md)"
+	@echo "make bench-video - video loader speed and memory, the video demo and its single-frame twin (BENCHMARKS.md)"
 	@echo "make bench-points - point-cloud loader and FPS speed, and the point-cloud demo (BENCHMARKS.md)"
 	@echo "make bench-data  - data efficiency studies: CIFAR-10 selection and compression, digits calibration sets (BENCHMARKS.md)"
 	@echo "make bench-speed - time to 80% on CIFAR-10: the speed recipe against its plain preset, 2 seeds (BENCHMARKS.md), about 55 min on 2 cores"
@@ -63,10 +63,12 @@ bench: $(STAMP)
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m slow
 	$(BIN)/effvision compress compress/cifar10.yaml --set data.root=../shared/datasets --run-dir runs/cifar10
 
-# Video: the loader (sampled decoding vs decode-everything) on the real clips, the video demo and
-# its single-frame twin (BENCHMARKS.md).
+# Video: the loader (sampled decoding vs decode-everything) on the real clips, its memory over
+# 2,000 clip reads per backend (real and generated clips; exits 1 past 50 MB of growth, about
+# 17 min), the video demo and its single-frame twin (BENCHMARKS.md).
 bench-video: $(STAMP)
 	$(BIN)/python -m effvision.data.video_loader_bench ../shared/testdata/videos --frames 8 --size 112 --rounds 5 --json runs/video-loader.json
+	$(BIN)/python -m effvision.data.video_loader_bench ../shared/testdata/videos --frames 8 --size 112 --memory 2000 --backends decord,pyav,auto --dataset synthetic-motion --json runs/video-memory.json
 	$(BIN)/effvision compress compress/video-default.yaml --run-dir runs/video-default
 	$(BIN)/effvision train compress/video-default.yaml --set data.num_frames=1 --run-dir runs/video-single-frame
 

@@ -111,8 +111,7 @@ def zoo_publish(run_dir: Path = typer.Argument(..., help="A finished run folder,
                 card: Optional[str] = typer.Option(None, help="The zoo card (default: the model name the run used)."),
                 write: bool = typer.Option(False, "--write", help="Write the trained: block into the card file (else print it).")):
     """Save a run stage's weights next to its zoo card (safetensors + sha256) with the accuracy, recipe and command."""
-    import yaml
-
+    from . import yamlio
     from .models.publish import append_trained_block, publish
 
     path, block = publish(run_dir, stage, card)
@@ -120,7 +119,7 @@ def zoo_publish(run_dir: Path = typer.Argument(..., help="A finished run folder,
     if write:
         print(f"wrote {path} and the trained: block of {append_trained_block(name, block)}")
     else:
-        print(f"wrote {path}; add to the card (or rerun with --write):\n" + yaml.safe_dump({"trained": block}, sort_keys=False, width=1000))
+        print(f"wrote {path}; add to the card (or rerun with --write):\n" + yamlio.dump({"trained": block}, sort_keys=False, width=1000))
 
 
 # ----------------------------------------------------------------------------- data
@@ -283,10 +282,15 @@ def _without_option(argv: list[str], name: str) -> list[str]:
 
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run folder, e.g. runs/demo.")):
-    """Rebuild report.json/md/html of a run folder and print its table."""
+    """Rebuild report.json/md/html of a run folder and print its table (refused while a run is
+    writing the folder)."""
     from .report import write_report
+    from .runlock import run_lock
 
-    _print_report(write_report(run_dir), run_dir)
+    if not run_dir.is_dir():
+        raise EffvisionError(f"run folder not found: {run_dir}")
+    with run_lock(run_dir):
+        _print_report(write_report(run_dir), run_dir)
 
 
 # ----------------------------------------------------------------------------- deploy
@@ -443,7 +447,12 @@ def _budgets(value: str) -> list:
     """'0.1,0.3' are fractions, '500' a count of samples."""
     import yaml
 
-    items = [yaml.safe_load(v) for v in _csv(value)]
+    from . import yamlio
+
+    try:
+        items = [yamlio.load(v) for v in _csv(value)]
+    except yaml.YAMLError:
+        items = []
     if not items or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in items):
         raise EffvisionError(f"--budgets {value}: give fractions in (0, 1] or sample counts, comma-separated")
     return items

@@ -68,6 +68,18 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
+def _peak_rss_kib() -> int:
+    """The process's peak resident set so far (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def resident_bytes() -> int:
+    """The process's resident set now (VmRSS); without /proc, its peak so far, which never
+    falls but still shows growth."""
+    kib = _status_kib("VmRSS")
+    return (kib if kib is not None else _peak_rss_kib()) * 1024
+
+
 class PeakMemory:
     """Peak memory over a block: CUDA max allocated, or the process's peak resident set.
 
@@ -99,6 +111,6 @@ class PeakMemory:
         if self.device.type == "cuda":
             return {"kind": "cuda_max_allocated", "bytes": int(torch.cuda.max_memory_allocated(self.device)), "scope": "block"}
         kib = _status_kib("VmHWM") if self.scope == "block" else None
-        if kib is None:  # ru_maxrss is KiB on Linux
-            kib, self.scope = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "process"
+        if kib is None:
+            kib, self.scope = _peak_rss_kib(), "process"
         return {"kind": "peak_rss", "bytes": int(kib) * 1024, "scope": self.scope}

@@ -1,5 +1,7 @@
 """The stage runner: one stage after another into a run folder, resuming after the last
-completed stage. A stage is complete once its metrics.json exists (written last, atomically)."""
+completed stage. A stage is complete once its metrics.json exists (written last, atomically) and
+every artifact it names is there; the report is written after the last stage, so a run folder
+with a report.json holds a finished run. One process writes a run folder at a time (runlock)."""
 from __future__ import annotations
 
 import hashlib
@@ -10,17 +12,19 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import yaml
 
+from . import yamlio
 from .errors import EffvisionError
 from .device import resolve_device
 from .fileio import read_json, write_json, write_text
 from .progress import log
 from .recipe import Recipe, recipe_to_dict
 from .registry import STAGES
+from .runlock import run_lock
 from .stage import StageResult
 
 INIT_DIR = "0-init"
+REPORT_FILES = ("report.json", "report.md", "report.html")
 
 
 def _hash(*parts: Any) -> str:
@@ -199,8 +203,37 @@ def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: 
     In a multi-process (torchrun) job every process runs the stages; rank 0 alone writes run_dir."""
     from .train.distributed import private_run_dir
 
-    with private_run_dir(Path(run_dir or Path("runs") / recipe.name)) as own_dir:
+    with private_run_dir(Path(run_dir or Path("runs") / recipe.name)) as own_dir, run_lock(own_dir):
         return _run_stages(recipe, own_dir, only_types)
+
+
+def _forget_unfinished(run_dir: Path) -> None:
+    """A killed run leaves temporary files (never renamed into place) and, from an earlier run, a
+    report that no longer describes the folder: both go before anything runs."""
+    for tmp in run_dir.rglob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+    for name in REPORT_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def _completed(sdir: Path, fingerprint: str) -> Optional[dict]:
+    """The stage's record when it finished with these inputs and its artifacts are all there."""
+    done = sdir / "metrics.json"
+    if not done.is_file():
+        return None
+    record = read_json(done)
+    if record.get("fingerprint") != fingerprint:
+        return None
+    if not all((sdir.parent.parent / path).is_file() for path in record.get("artifacts", {}).values()):
+        return None
+    return record
+
+
+def _discard(sdir: Path) -> None:
+    """Remove a stage folder, its completion marker first: a removal cut short by a kill must
+    not leave a marker beside missing artifacts."""
+    (sdir / "metrics.json").unlink(missing_ok=True)
+    shutil.rmtree(sdir)
 
 
 def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> dict:
@@ -208,9 +241,10 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> d
     from .report import write_report
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    _forget_unfinished(run_dir)
     stages = [s for s in recipe.stages if only_types is None or s.type in only_types]
     resolved = recipe_to_dict(recipe)
-    write_text(run_dir / "recipe.yaml", f"# resolved from {recipe._source or '<api>'}\n" + yaml.safe_dump(resolved, sort_keys=False))
+    write_text(run_dir / "recipe.yaml", f"# resolved from {recipe._source or '<api>'}\n" + yamlio.dump(resolved, sort_keys=False))
     write_json(run_dir / "env.json", {**collect_env(), "recipe": recipe._source})
     ctx = RunContext(recipe, run_dir)
     torch.manual_seed(recipe.seed)
@@ -223,13 +257,14 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> d
         sdir = run_dir / "stages" / f"{k}-{cfg.name}"
         planned.add(sdir.name)
         done = sdir / "metrics.json"
-        if not fresh and done.is_file() and read_json(done).get("fingerprint") == fingerprint:
-            ctx.adopt(read_json(done))
+        record = None if fresh else _completed(sdir, fingerprint)
+        if record is not None:
+            ctx.adopt(record)
             log(f"[dim]stage {k}/{len(stages)} {cfg.name}: completed earlier, resumed[/]")
             continue
         fresh = True  # everything after a re-run stage must re-run too
         if sdir.exists():
-            shutil.rmtree(sdir)
+            _discard(sdir)
         sdir.mkdir(parents=True)
         ctx.stage_dir = sdir
         log(f"[bold]stage {k}/{len(stages)} {cfg.name}[/] ({cfg.type})")
@@ -246,7 +281,7 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> d
     if only_types is None or fresh:
         for old in (run_dir / "stages").iterdir():
             if old.is_dir() and old.name not in planned:
-                shutil.rmtree(old)
+                _discard(old)
     return write_report(run_dir)
 
 
@@ -256,14 +291,16 @@ def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
 
     sdir = ctx.run_dir / "stages" / INIT_DIR
     done = sdir / "metrics.json"
-    if done.is_file() and read_json(done).get("fingerprint") == fingerprint:
+    if _completed(sdir, fingerprint) is not None:
         ctx.model_path = sdir / "model.pt"
         return False
     if (ctx.run_dir / "stages").exists():
-        log("[yellow]data, model or seed changed since this run folder was written: starting it afresh[/]")
+        if done.is_file():
+            log("[yellow]data, model or seed changed since this run folder was written: starting it afresh[/]")
+        done.unlink(missing_ok=True)  # the marker first, as in _discard
         shutil.rmtree(ctx.run_dir / "stages")  # nothing earlier is valid
     model = ctx.initial_model()
     ctx.model_path = save_checkpoint(model, sdir / "model.pt")
     ctx._model = model
-    write_json(done, {"fingerprint": fingerprint, "model": ctx.recipe.model.name})
+    write_json(done, {"fingerprint": fingerprint, "model": ctx.recipe.model.name, "artifacts": {"model": ctx.rel(ctx.model_path)}})
     return True

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import typing
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -10,6 +11,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from . import yamlio
 from .errors import EffvisionError
 from .registry import STAGES
 from .paths import find_file
@@ -73,7 +75,7 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     if not key.strip():
         raise RecipeError(f"--set {item!r}: empty key")
     try:
-        return key.strip().split("."), yaml.safe_load(value) if value != "" else None
+        return key.strip().split("."), yamlio.load(value) if value != "" else None
     except yaml.YAMLError:
         raise RecipeError(f"--set {item!r}: the value is not valid YAML (quote it)") from None
 
@@ -91,13 +93,14 @@ def apply_preset(raw: dict, name: str, source: str) -> dict:
     """Apply the recipe's own preset `name` (a mapping of key.path: value, like --set)."""
     presets = raw.get("presets") or {}
     if not isinstance(presets, dict) or name not in presets:
-        have = ", ".join(presets) if isinstance(presets, dict) and presets else "none"
+        have = ", ".join(map(str, presets)) if isinstance(presets, dict) and presets else "none"  # YAML keys may be ints
         raise RecipeError(f"{source}: unknown preset '{name}' (this recipe defines: {have})")
     if not isinstance(presets[name], dict):
         raise RecipeError(f"{source}: presets.{name}: must map key.path to a value, e.g. stages.train.lr: 0.1")
     raw = copy.deepcopy(raw)
     for key, value in presets[name].items():
-        _assign(raw, str(key).split("."), value, f"{source}: presets.{name}.{key}")
+        # A copy: a later key (x.y) must not write into the preset's own value of an earlier one (x).
+        _assign(raw, str(key).split("."), copy.deepcopy(value), f"{source}: presets.{name}.{key}")
     return raw
 
 
@@ -122,15 +125,18 @@ def _assign(raw: dict, keys: list[str], value: Any, what: str) -> None:
 
 
 def _list_index(items: list, key: str, where: str) -> int:
-    if key.lstrip("-").isdigit():
-        idx = int(key)
-        if not -len(items) <= idx < len(items):
-            raise RecipeError(f"{where}: index {idx} out of range ({len(items)} items)")
+    # ASCII digits only: str.isdigit() accepts '²' and lstrip("-") accepts '--1', which int() refuses.
+    if re.fullmatch(r"-?[0-9]+", key):
+        idx = int(key) if len(key) <= 18 else None  # int() refuses over 4300 digits; any such index is out of range
+        if idx is None or not -len(items) <= idx < len(items):
+            raise RecipeError(f"{where}: index {key} out of range ({len(items)} items)")
         return idx
-    names = [s.get("name") or s.get("type") for s in items if isinstance(s, dict)]
+    # One entry per item (None for non-mappings), so a name's position is its index in items.
+    names = [(s.get("name") or s.get("type")) if isinstance(s, dict) else None for s in items]
     if key in names:
         return names.index(key)
-    raise RecipeError(f"{where}: no item named '{key}' (items: {', '.join(map(str, names))})")
+    named = [str(n) for n in names if n is not None]
+    raise RecipeError(f"{where}: no item named '{key}' (items: {', '.join(named)})")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -223,11 +229,15 @@ def load_card(path: Path, cls: type[BaseModel], default_name: str) -> BaseModel:
 
 def read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path}: is not a UTF-8 text file (a YAML recipe or card is expected)") from None
+    try:
+        return yamlio.load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise RecipeError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise RecipeError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None, preset: str | None = None) -> Recipe:

@@ -65,6 +65,13 @@ def test_corrupt_image_skipped_and_counted_or_fails_with_path(image_root):
         ImageFolderDataset(image_root / "train", on_bad_sample="fail")
 
 
+def test_dataset_larger_than_its_cache_budget_streams_from_the_files(image_root):
+    cached = ImageFolderDataset(image_root / "train")
+    streamed = ImageFolderDataset(image_root / "train", cache_bytes=3 * 20 * 20 * 4)  # room for four images
+    assert cached.cache is not None and streamed.cache is None
+    assert all(torch.equal(cached[i][0], streamed[i][0]) for i in range(len(cached)))
+
+
 def test_missing_data_path(tmp_path):
     with pytest.raises(EffvisionError, match="data path not found"):
         load_dataset(DataConfig(name="imagefolder", root=str(tmp_path / "nope")))
@@ -101,3 +108,38 @@ def test_real_cifar10_images_from_shared_testdata():
 def test_real_cifar10_zip_from_shared_datasets():
     ds = ImageFolderDataset(SHARED / "datasets" / "cifar10-jpeg-test.zip")
     assert len(ds) == 10000 and len(ds.classes) == 10 and not ds.report.bad
+
+
+def _write_then_hang(root, started):
+    import time
+    from effvision.data.generated import write_once
+
+    def sample(folder, label, n, rng):
+        (folder / f"{n}.txt").write_text(str(n))
+        if n == 1:
+            started.set()
+            time.sleep(60)
+
+    write_once(root, {"seed": 0}, ["a"], {"train": 3}, sample, "hang")
+
+
+def test_a_generation_killed_midway_leaves_no_folder_behind(tmp_path):
+    """The next generation deletes the abandoned temporary folder; a live writer's is kept."""
+    import multiprocessing
+    import os
+    from effvision.data.generated import write_once
+
+    ctx = multiprocessing.get_context("fork")
+    started = ctx.Event()
+    writer = ctx.Process(target=_write_then_hang, args=(tmp_path / "set", started))
+    writer.start()
+    assert started.wait(30)
+    writer.kill()
+    writer.join()
+    abandoned = list(tmp_path.glob(".set.*"))
+    assert len(abandoned) == 1 and (abandoned[0] / "train/a/0.txt").is_file()
+    live = tmp_path / f".set.{os.getpid()}.keep"
+    live.mkdir()
+    root = write_once(tmp_path / "set", {"seed": 0}, ["a"], {"train": 2}, lambda f, label, n, rng: (f / f"{n}.txt").write_text("x"), "again")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "set"]
+    assert sorted(p.name for p in (root / "train/a").iterdir()) == ["0.txt", "1.txt"]

@@ -52,7 +52,9 @@ def test_modelnet_layout_is_cached_and_bad_files_counted(tmp_path, monkeypatch):
     assert len(train.report.bad) == 1 and "broken.off" in train.report.bad[0][0] and "do not match" in train.report.bad[0][1]
     x, y = train[0]
     assert x.shape == (32, 3) and x.dtype == np.float32 and np.abs(x).max() <= 1.0 + 1e-5 and y == 0
-    assert len(list((tmp_path / "cache/points").glob("*.npz"))) == 2
+    assert len(list((tmp_path / "cache/points").glob("*.npz"))) == 2 and len(list((tmp_path / "cache/points").glob("*.npy"))) == 2
+    # streamed from the memory-mapped cache, never loaded whole; the broken file's row is left out
+    assert isinstance(train.clouds, np.memmap) and len(train.clouds) == 7 and len(train.rows) == 6
     summary = train.summary()
     assert summary["points_per_sample"] == 32 and summary["bytes_per_sample"] == 32 * 3 * 4 and summary["source_points_per_sample"] == 256
 

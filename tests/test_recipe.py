@@ -114,3 +114,17 @@ def test_resolved_recipe_round_trips():
     r = validate_recipe(tiny_recipe())
     again = validate_recipe(yaml.safe_load(yaml.safe_dump(recipe_to_dict(r))))
     assert recipe_to_dict(again) == recipe_to_dict(r)
+
+
+def test_exponent_numbers_are_floats_where_no_type_converts_them(tmp_path):
+    """`1e-4` means a number to whoever types it (YAML 1.1 alone would keep the string) — in untyped
+    fields such as model.kwargs and a card's sampler options too; strings that look like one survive quoted."""
+    from effvision.data.cards import DatasetCard
+    from effvision.recipe import load_card
+
+    r = load_recipe(write(tmp_path, tiny_recipe()), ["model.kwargs.drop_rate=5e-2", "stages.baseline.lr=3E-3"])
+    assert r.model.kwargs["drop_rate"] == 0.05 and r.stages[0].lr == 0.003
+    card = tmp_path / "pts.yaml"
+    card.write_text("modality: points\nsource: folder\nsampler: voxel\nsampler_options: {voxel_size: 3e-2}\n")
+    assert load_card(card, DatasetCard, "pts").sampler_options == {"voxel_size": 0.03}
+    assert load_recipe(write(tmp_path, tiny_recipe()), ["model.kwargs.tag='1e5'"]).model.kwargs["tag"] == "1e5"

@@ -24,7 +24,8 @@ def test_optimizers_learn(small_data, opt, lr):
 def test_time_to_accuracy_recorded_when_target_reached(small_data):
     m = create_model("cifar_resnet8", width=0.25)
     res = fit(m, small_data, TrainSettings(epochs=3, lr=0.1, target_accuracy=0.15), torch.device("cpu"))
-    assert res.time_to_accuracy_s is not None and 0 < res.time_to_accuracy_s <= res.train_s
+    # Both as recorded, to the millisecond (a target met in the last epoch can round up past the raw total).
+    assert res.time_to_accuracy_s is not None and 0 < res.time_to_accuracy_s <= round(res.train_s, 3)
     first = next(h for h in res.history if h["val_accuracy"] >= 0.15)
     assert res.epochs_to_accuracy == first["epoch"]
     m2 = create_model("cifar_resnet8", width=0.25)

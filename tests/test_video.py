@@ -81,12 +81,34 @@ def test_every_sampler_gives_a_clip_and_counts_decoded_frames(clip_file, name, b
         assert clip.decoded >= 16  # the low-resolution scan decodes the whole (short) clip
 
 
+def test_keyframe_sampler_on_a_stream_that_marks_no_key_frame(clip_file, monkeypatch):
+    from effvision.data import video_io
+
+    monkeypatch.setattr(video_io.PyAVVideo, "key_indices", lambda self: [])
+    clip = get_sampler("keyframes", 3).clip(clip_file, 32, train=True, backend="pyav")
+    assert clip.indices == [0, 0, 0] and clip.frames.shape == (3, 32, 32, 3)
+
+
 def test_motion_sampler_prefers_moving_frames(tmp_path):
     frames = np.zeros((12, 32, 32, 3), np.uint8)
     frames[6:9] = np.random.default_rng(0).integers(0, 255, (3, 32, 32, 3))  # change only around frames 6..9
     write_mp4(tmp_path / "still.mp4", frames)
     clip = get_sampler("motion", 2, scan_size=16).clip(tmp_path / "still.mp4", 32)
     assert set(clip.indices) <= {6, 7, 8, 9}
+
+
+def test_an_unreadable_video_is_one_error_and_stderr_keeps_working(tmp_path):
+    """decord's own log line is muted while it opens a file; what the process writes after still shows."""
+    import subprocess
+    import sys
+
+    (tmp_path / "notes.mp4").write_text("not a video")
+    script = ("import sys\nfrom effvision.data.video_io import DecordVideo, VideoError\n"
+              f"try:\n    DecordVideo({str(tmp_path / 'notes.mp4')!r})\nexcept VideoError as exc:\n    print(exc)\n"
+              "sys.stderr.write('still here\\n')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "notes.mp4: decord cannot open it" in done.stdout, done.stderr
+    assert done.stderr == "still here\n"
 
 
 def test_unknown_sampler_and_option_list_the_valid_ones():

@@ -36,6 +36,12 @@ def data_root(card, config) -> Path:
     root = Path(root_str).expanduser()
     if not root.exists():
         raise EffvisionError(f"data path not found: {root}")
+    if root.is_file() and root.suffix.lower() == ".zip" and card.modality != "image":
+        # decord, PyAV and open3d read files on disk: a video or point-cloud archive is
+        # extracted once (safely) into the cache; images are read from the .zip in place
+        from .archive import extract_once
+
+        return extract_once(root, card.cache_dir)
     return root
 
 

@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Literal, Optional
 import numpy as np
 
 from ..errors import EffvisionError
+from .archive import inside
 from .images import FileSource, decode_image, is_image
 from .point_io import is_point_file, read_points
 from .video_io import is_video, open_video, target_size
@@ -166,9 +167,10 @@ class _Writer:
     def write(self, name: str, data: bytes) -> None:
         if self.zip:
             self.zip.writestr(name, data)
-        else:
-            (self.dst / name).parent.mkdir(parents=True, exist_ok=True)
-            (self.dst / name).write_bytes(data)
+        else:  # names come from the source archive: never written outside dst (zip-slip)
+            target = inside(self.dst, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
 
     def close(self) -> None:
         if self.zip:

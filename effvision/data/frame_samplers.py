@@ -104,7 +104,9 @@ class KeyframeSampler(FrameSampler):
     """Key frames only (no inter-frame decoding); fewer key frames than num_frames repeat."""
 
     def indices(self, video, train, rng, position=0.5):
-        keys = video.key_indices()
+        # A stream whose index marks no key frame (cut mid-GOP, or a writer that sets no flags) still
+        # decodes from its first frame: that one stands in as the only key frame.
+        keys = video.key_indices() or [0]
         return [keys[i] for i in segment_indices(len(keys), self.num_frames, train, rng, position)]
 
 

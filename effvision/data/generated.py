@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,7 +25,8 @@ def write_once(root: Path, params: dict, classes: list[str], per_split: dict[str
     if meta.is_file() and json.loads(meta.read_text()) == params:
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    _remove_abandoned(root)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.{os.getpid()}.", dir=root.parent))
     try:
         jobs = [(k, split, label, n) for k, (split, count) in enumerate(per_split.items()) for label in range(len(classes)) for n in range(count)]
         for k, split, label, n in (progress or (lambda it, **_: it))(jobs, description=description):
@@ -39,6 +41,25 @@ def write_once(root: Path, params: dict, classes: list[str], per_split: dict[str
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def _remove_abandoned(root: Path) -> None:
+    """Delete the temporary folders of earlier generations whose process died (killed mid-way):
+    each is named .<root>.<pid>.<random>; a live writer's folder is left alone."""
+    for folder in root.parent.glob(f".{root.name}.*.*"):
+        pid = folder.name[len(root.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        pass
+    return True
 
 
 def generated_splits(card, config, generate: Callable, accept: Accept, kind: str, progress=None) -> tuple[Path, list, list]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,12 +11,23 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from ..errors import EffvisionError
+from .archive import open_zip
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
-CACHE_BUDGET_BYTES = 1 << 30  # keep decoded images in memory while they fit in 1 GiB
+CACHE_BUDGET_BYTES = 1 << 30  # keep decoded images in memory while they fit in 1 GiB ...
+
+
+def cache_budget() -> int:
+    """... and in a quarter of the memory available now; a larger dataset streams from its files."""
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return CACHE_BUDGET_BYTES
+    return min(CACHE_BUDGET_BYTES, available // 4)
 
 
 def is_image(name: str) -> bool:
@@ -23,11 +35,35 @@ def is_image(name: str) -> bool:
 
 
 def decode_image(data: bytes) -> torch.Tensor:
-    """Decode to a uint8 CHW RGB tensor; raises on a corrupt or truncated file."""
-    with Image.open(io.BytesIO(data)) as img:
-        img.load()
-        arr = np.asarray(img.convert("RGB"))
+    """Decode to a uint8 CHW RGB tensor; raises on a corrupt or truncated file, and on one whose
+    header claims more pixels than Pillow's bomb limit (~89 M) before memory is spent on it."""
+    if not data:
+        raise ValueError("empty file")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            img = Image.open(io.BytesIO(data))
+        except UnidentifiedImageError:  # Pillow's message names its BytesIO object, not the file
+            raise ValueError("not an image Pillow can read (unknown format or damaged header)") from None
+        with img:
+            img.load()
+            arr = _rgb8(img)
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+
+
+def _rgb8(img: Image.Image) -> np.ndarray:
+    """H x W x 3 uint8. Gray, gray+alpha, palette, CMYK and RGBA convert as Pillow does; 16-bit
+    and 32-bit gray are scaled down (Pillow's own conversion clips them to white)."""
+    if img.mode.startswith("I;16"):
+        top = 65535.0
+    elif img.mode in ("I", "F"):
+        arr = np.asarray(img, dtype=np.float64)
+        peak = float(np.nanmax(arr)) if arr.size else 0.0
+        top = 255.0 if peak <= 255 else 65535.0 if peak <= 65535 else peak
+    else:
+        return np.asarray(img.convert("RGB"))
+    gray = np.clip(np.asarray(img, dtype=np.float64) * (255.0 / top), 0, 255).round().astype(np.uint8)
+    return np.repeat(gray[..., None], 3, axis=2)
 
 
 class FileSource:
@@ -44,9 +80,10 @@ class FileSource:
         self._pid = None
 
     def names(self) -> list[str]:
-        if self.is_zip:
-            with zipfile.ZipFile(self.path) as z:
-                return [i.filename for i in z.infolist() if not i.is_dir()]
+        if self.is_zip:  # members with unsafe names or absurd sizes refuse the whole archive
+            zf, members = open_zip(self.path)
+            with zf:
+                return [i.filename for i in members]
         return [str(p.relative_to(self.path)) for p in sorted(self.path.rglob("*")) if p.is_file()]
 
     def read(self, name: str) -> bytes:
@@ -87,11 +124,13 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     """ImageFolder layout (one folder per class) read from a folder or a .zip.
 
     Every file is decoded once when the dataset opens: a corrupt file is skipped and counted, or
-    stops the run with its path (on_bad_sample). Small decoded images stay cached in memory.
+    stops the run with its path (on_bad_sample). Decoded images stay in memory while they fit the
+    cache budget (cache_budget(), or cache_bytes); a larger dataset streams from its files.
     """
 
-    def __init__(self, path: str | Path, on_bad_sample: str = "skip", progress: Callable | None = None):
+    def __init__(self, path: str | Path, on_bad_sample: str = "skip", progress: Callable | None = None, cache_bytes: int | None = None):
         self.source = FileSource(path)
+        budget = cache_budget() if cache_bytes is None else cache_bytes
         self.classes, entries = imagefolder_entries(self.source.names())
         if not entries:
             raise EffvisionError(f"no images in ImageFolder layout (<class>/<image>) under {path}")
@@ -113,8 +152,8 @@ class ImageFolderDataset(torch.utils.data.Dataset):
             if self.cache is not None:
                 cached_bytes += img.numel()
                 self.cache.append(img)
-                if cached_bytes > CACHE_BUDGET_BYTES:
-                    self.cache = None
+                if cached_bytes > budget:
+                    self.cache = None  # too big to hold: every read decodes its file
         if not self.samples:
             raise EffvisionError(f"every image under {path} is unreadable ({len(self.report.bad)} files)")
         self.targets = [label for _, label in self.samples]

@@ -65,10 +65,15 @@ def read_off(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise PointCloudError(f"{path}: OFF header or vertex lines do not match (header says {' '.join(head[:3])}, "
                               f"{len(body)} lines follow)") from None
     tris = []
-    for line in body[nv:nv + nf]:
-        idx = [int(v) for v in line.split()]
-        k = idx[0]
+    for n, line in enumerate(body[nv:nv + nf]):
+        try:
+            idx = [int(v) for v in line.split()]
+        except ValueError:
+            raise PointCloudError(f"{path}: face {n} is not a row of integers ({line[:40]!r})") from None
+        k = idx[0] if idx else 0
         poly = idx[1:1 + k]
+        if k < 3 or len(poly) < k:
+            raise PointCloudError(f"{path}: face {n} lists {len(poly)} of its {k} vertex indices (truncated file?)")
         tris += [(poly[0], poly[j], poly[j + 1]) for j in range(1, k - 1)]
     faces = np.array(tris, dtype=np.int64).reshape(-1, 3)
     if len(body) < nv + nf or (len(faces) and (faces.max() >= nv or faces.min() < 0)):
@@ -89,10 +94,47 @@ _PLY_BYTES = {"char": 1, "uchar": 1, "int8": 1, "uint8": 1, "short": 2, "ushort"
 
 
 def _check_complete(path: Path) -> None:
-    """open3d keeps what it read before a PLY ended early (and fills the rest); compare the data
-    with what the header declares: lines for ASCII, bytes for binary (faces counted as triangles)."""
-    if path.suffix.lower() != ".ply":
-        return
+    """open3d keeps what it read before a PLY or PCD ended early (and fills the rest with
+    garbage); compare the data with what the header declares."""
+    ext = path.suffix.lower()
+    if ext == ".pcd":
+        _check_pcd(path)
+    elif ext == ".ply":
+        _check_ply(path)
+
+
+def _check_pcd(path: Path) -> None:
+    """ASCII and binary PCD: as many rows (bytes) as POINTS x the field sizes. binary_compressed
+    carries its own sizes, which open3d checks."""
+    data = path.read_bytes()
+    header, fields = {}, 0
+    end = 0
+    for line in data.split(b"\n"):
+        end += len(line) + 1
+        words = line.decode("ascii", "replace").split()
+        if not words or words[0].startswith("#"):
+            continue
+        header[words[0].upper()] = words[1:]
+        if words[0].upper() == "DATA":
+            break
+    try:
+        points = int(header["POINTS"][0])
+        sizes = [int(v) for v in header.get("SIZE", [])]
+        counts = [int(v) for v in header.get("COUNT", ["1"] * len(sizes))]
+        kind = header["DATA"][0].lower()
+    except (KeyError, IndexError, ValueError):
+        raise PointCloudError(f"{path}: not a PCD file (its header lacks POINTS, SIZE or DATA)") from None
+    body = data[end:]
+    if kind == "ascii":
+        have = sum(1 for line in body.splitlines() if line.strip())
+        if have < points:
+            raise PointCloudError(f"{path}: truncated (the header declares {points} points, the file has {have} rows)")
+    elif kind == "binary" and len(body) < points * sum(s * c for s, c in zip(sizes, counts)):
+        raise PointCloudError(f"{path}: truncated ({len(body)} bytes of data, the header needs {points * sum(s * c for s, c in zip(sizes, counts))})")
+
+
+def _check_ply(path: Path) -> None:
+    """PLY lines for ASCII, bytes for binary (faces counted as triangles)."""
     data = path.read_bytes()
     end = data.find(b"end_header")
     if not data.startswith(b"ply") or end < 0:
@@ -123,8 +165,8 @@ def _check_complete(path: Path) -> None:
 
 def _open3d_file(path: Path, mesh_points: int, seed: int) -> np.ndarray:
     o3d = _open3d()
+    _check_complete(path)
     if path.suffix.lower() in (".obj", ".stl", ".ply"):
-        _check_complete(path)
         mesh = o3d.io.read_triangle_mesh(str(path))
         if len(mesh.triangles):
             return _sample_mesh(path, np.asarray(mesh.vertices), np.asarray(mesh.triangles), mesh_points, seed)
@@ -164,8 +206,8 @@ def read_points(path: str | Path, mesh_points: int = 2048, bin_width: int = 4, s
             points = _open3d_file(path, mesh_points, seed)
     except PointCloudError:
         raise
-    except (ValueError, OSError, UnicodeDecodeError) as exc:
-        raise PointCloudError(f"{path}: cannot read it ({str(exc).splitlines()[0][:160]})") from None
+    except Exception as exc:  # noqa: BLE001  (numpy, open3d and parsers raise many types on bad files)
+        raise PointCloudError(f"{path}: cannot read it ({(str(exc).splitlines() or [type(exc).__name__])[0][:160]})") from None
     if points.ndim != 2 or points.shape[1] < 3:
         raise PointCloudError(f"{path}: expected rows of at least 3 values (x y z ...), got shape {points.shape}")
     points = points[np.isfinite(points[:, :3]).all(axis=1)]

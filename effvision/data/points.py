@@ -3,8 +3,10 @@
 
 Reading a mesh means sampling its surface, and a LiDAR sweep holds 10^5 points: both are done once.
 Every file is read, normalised to the unit sphere and farthest-point sampled to `cache_points`
-points; the clouds of a split are saved together as one .npy-backed .npz under `cache_dir`, keyed
-by the files (path, size, mtime) and the reading options, so an epoch never re-reads a file.
+points; the clouds of a split are saved together as one .npy under `cache_dir` (and its labels and
+counts in a small .npz beside it, written last as the completion marker), keyed by the files (path,
+size, mtime) and the reading options, so an epoch never re-reads a file. The .npy is memory-mapped:
+a split larger than memory streams from disk through the page cache instead of being loaded whole.
 The card's sampler then draws `num_points` of those per sample (fresh draws in training).
 A file that cannot be read is skipped and counted, or stops the run with its path (on_bad_sample)."""
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .layouts import folder_splits, label_indices, list_splits, modelnet_entries
 from .point_io import PointCloudError, guess_bin_width, is_point_file, read_points
 from .point_samplers import PointSampler, _fill, farthest_point_indices, get_point_sampler, normalize_unit_sphere
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def prepare_cloud(path: Path, card, seed: int = 0) -> tuple[np.ndarray, int]:
@@ -53,13 +55,14 @@ class PointCloudDataset(torch.utils.data.Dataset):
         if not cache.is_file():
             self._build_cache(entries, card, on_bad_sample, progress, cache)
         with np.load(cache, allow_pickle=False) as z:
-            self.clouds, targets = z["clouds"], z["targets"]
+            self.rows, targets = z["rows"], z["targets"]
             self.source_points, self.source_bytes = z["source_points"], z["source_bytes"]
             self.report.bad = [tuple(b) for b in json.loads(str(z["bad"]))]
+        self.clouds = np.load(cache.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)
         if on_bad_sample == "fail" and self.report.bad:
             path, why = self.report.bad[0]
             raise EffvisionError(f"{why} (set data.on_bad_sample=skip to skip such files)")
-        if not len(self.clouds):
+        if not len(self.rows):
             raise EffvisionError(f"every point-cloud file of the dataset is unreadable ({len(self.report.bad)} files)")
         self.targets = [int(t) for t in targets]
         self.transform = None
@@ -72,36 +75,43 @@ class PointCloudDataset(torch.utils.data.Dataset):
         return Path(card.cache_dir).expanduser() / "points" / f"{key}.npz"
 
     def _build_cache(self, entries, card, on_bad_sample, progress, cache: Path) -> None:
-        clouds, targets, counts, sizes, bad = [], [], [], [], []
-        for path, label in (progress or (lambda it, **_: it))(entries, description="reading point clouds"):
-            try:
-                cloud, n = prepare_cloud(path, card)
-            except PointCloudError as exc:
-                if on_bad_sample == "fail":
-                    raise EffvisionError(f"{exc} (set data.on_bad_sample=skip to skip such files)") from None
-                bad.append((str(path), str(exc)))
-                continue
-            clouds.append(cloud)
-            targets.append(label)
-            counts.append(n)
-            sizes.append(path.stat().st_size)
-        arrays = {"clouds": np.stack(clouds) if clouds else np.zeros((0, card.cache_points, card.channels), np.float32),
-                  "targets": np.array(targets, np.int64), "source_points": np.array(counts, np.int64),
-                  "source_bytes": np.array(sizes, np.int64), "bad": np.array(json.dumps(bad))}
+        """One row per file, written straight into the memory-mapped .npy (never all in memory);
+        rows of unreadable files stay zero and are left out of `rows`."""
+        rows, targets, counts, sizes, bad = [], [], [], [], []
 
-        def write(tmp: Path) -> None:
+        def write_clouds(tmp: Path) -> None:
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(entries), card.cache_points, card.channels))
+            for row, (path, label) in enumerate((progress or (lambda it, **_: it))(entries, description="reading point clouds")):
+                try:
+                    cloud, n = prepare_cloud(path, card)
+                except PointCloudError as exc:
+                    if on_bad_sample == "fail":
+                        raise EffvisionError(f"{exc} (set data.on_bad_sample=skip to skip such files)") from None
+                    bad.append((str(path), str(exc)))
+                    continue
+                out[row] = cloud
+                rows.append(row)
+                targets.append(label)
+                counts.append(n)
+                sizes.append(path.stat().st_size)
+            out.flush()
+            del out
+
+        def write_meta(tmp: Path) -> None:
             with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
+                np.savez(f, rows=np.array(rows, np.int64), targets=np.array(targets, np.int64), source_points=np.array(counts, np.int64),
+                         source_bytes=np.array(sizes, np.int64), bad=np.array(json.dumps(bad)))
 
-        atomic_write(cache, write)
+        atomic_write(cache.with_suffix(".npy"), write_clouds)
+        atomic_write(cache, write_meta)  # last: the .npz marks the cache complete
 
     def __len__(self) -> int:
-        return len(self.clouds)
+        return len(self.rows)
 
     def __getitem__(self, i: int):
         # the sampler draws afresh in training and the same points per sample otherwise
         rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())) if self.train else i)
-        points = self.sampler(self.clouds[i], self.train, rng).points
+        points = self.sampler(np.asarray(self.clouds[self.rows[i]]), self.train, rng).points
         return (self.transform(points) if self.transform else points), self.targets[i]
 
     def summary(self) -> dict:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
+from .. import yamlio
 from ..errors import EffvisionError
 from ..fileio import atomic_write, read_json, write_text
 
@@ -71,7 +70,7 @@ def append_trained_block(card_name: str, block: dict) -> Path:
         while end < len(lines) and lines[end].startswith((" ", "\t")):
             end += 1
         lines = lines[:start] + lines[end:]
-    text = "\n".join(lines).rstrip("\n") + "\n" + yaml.safe_dump({"trained": block}, sort_keys=False, width=1000)
+    text = "\n".join(lines).rstrip("\n") + "\n" + yamlio.dump({"trained": block}, sort_keys=False, width=1000)
     return write_text(file, text)
 
 

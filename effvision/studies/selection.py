@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
+from .. import yamlio
 from ..compress.selection import ProxyConfig, score
 from ..data import load_dataset
 from ..data.selectors import Signals, resolve_budget, select
@@ -102,15 +104,16 @@ def selection_study(recipe: Recipe, methods: list[str], budgets: list, seeds: in
 
 def parse_method(spec: str) -> tuple[str, dict]:
     """'el2n' or 'el2n:keep=easy' (options joined by ':') -> selector name and options."""
-    import yaml
-
     name, *opts = spec.split(":")
     options = {}
     for opt in opts:
         key, eq, value = opt.partition("=")
         if not eq or not key:
             raise EffvisionError(f"method '{spec}': options are key=value after the selector, e.g. el2n:keep=easy")
-        options[key] = yaml.safe_load(value)
+        try:
+            options[key] = yamlio.load(value)
+        except yaml.YAMLError:
+            raise EffvisionError(f"method '{spec}': the value of {key} is not valid YAML (quote it)") from None
     return name, options
 
 

@@ -289,7 +289,9 @@ def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: in
                 result.time_to_accuracy_s, result.epochs_to_accuracy = round(train_s, 3), round(done, 3)
                 if s.stop_at_target:
                     result.stopped = "target"
-            if world > 1 and s.max_train_s and distributed.broadcast_flag(train_s >= s.max_train_s):
+            # Past the limit at an epoch's end (its last steps, or the time around them): no new epoch
+            # is begun. Several processes decide together.
+            if s.max_train_s and epoch + 1 < s.epochs and distributed.broadcast_flag(train_s >= s.max_train_s):
                 result.stopped = result.stopped or "time limit"
             if result.stopped:
                 break

@@ -1,0 +1,164 @@
+"""Crash safety: a pipeline killed with SIGKILL at random points resumes and finishes with a complete,
+valid report that lost none of the stages finished before the kill; a second pipeline started on a
+busy run folder refuses.
+
+The runs are `effvision compress` itself (cli.main) in processes forked from a server that has
+imported torch and effvision once, so ten kill-and-resume trials cost seconds of start-up, not
+minutes."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import random
+import shutil
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import onnx
+import pytest
+import yaml
+
+from effvision.cli import main
+from effvision.models import load_checkpoint
+from effvision.runlock import run_lock
+
+KILLS = 10
+RECIPE = {
+    "name": "crash", "seed": 0,
+    "data": {"name": "digits", "max_train_samples": 200, "max_val_samples": 100, "batch_size": 32},
+    "model": {"name": "cifar_resnet8", "kwargs": {"width": 0.25}},
+    "stages": [
+        {"name": "baseline", "type": "train", "epochs": 2, "optimizer": "adamw", "lr": 3e-3},
+        {"type": "prune", "ratio": 0.5},
+        {"type": "export"},
+        {"type": "quantize", "calibration": {"n": 32}},
+        {"type": "bench", "backends": ["onnxruntime-cpu"], "batches": [1], "warmup": 1, "repeats": 3, "roofline": False},
+    ],
+}
+STAGES = ["baseline", "prune", "export", "quantize", "bench"]
+PRELOAD = ["torch", "timm", "torch_pruning", "onnx", "onnxruntime", "onnxscript", "sklearn", "effvision.cli", "effvision.pipeline",
+           "effvision.stages", "effvision.models", "effvision.data", "effvision.report"]
+
+
+def _cli(argv: list[str], log: str) -> None:
+    """Child process: the CLI as a user runs it, one thread (two trials share the two cores)."""
+    import torch
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    torch.set_num_threads(1)
+    os._exit(main(argv))
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    multiprocessing.forkserver.ensure_running()  # its imports happen now, outside the timed runs
+    recipe = tmp_path_factory.mktemp("recipe") / "crash.yaml"
+    recipe.write_text(yaml.safe_dump(RECIPE))
+
+    def start(run_dir: Path):
+        proc = ctx.Process(target=_cli, args=(["compress", str(recipe), "--run-dir", str(run_dir)], str(run_dir) + ".log"))
+        proc.start()
+        return proc
+
+    start.recipe = recipe
+    return start
+
+
+def _finish(start, run_dir: Path) -> None:
+    proc = start(run_dir)
+    proc.join(600)
+    log = Path(str(run_dir) + ".log").read_text()
+    assert proc.exitcode == 0, f"run in {run_dir} failed (exit {proc.exitcode}):\n{log[-2000:]}"
+
+
+def _finished_stages(run_dir: Path) -> dict[str, str]:
+    """metrics.json of every stage that had completed (the marker is written last)."""
+    return {p.parent.name: p.read_text() for p in sorted(run_dir.glob("stages/*/metrics.json"))}
+
+
+def assert_complete(run_dir: Path) -> dict:
+    """A finished run folder: the report names every stage, every artifact exists and loads,
+    nothing half-written is left, and the lock is free."""
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [s["name"] for s in report["stages"]] == STAGES
+    for s in report["stages"]:
+        assert 0.0 <= s["accuracy"] <= 1.0 and s["params"] > 0 and s["size_bytes"] > 0, s
+    for name, metrics in _finished_stages(run_dir).items():
+        record = json.loads(metrics)
+        for kind, rel in record.get("artifacts", {}).items():
+            path = run_dir / rel
+            assert path.is_file(), f"{name}: {rel} missing"
+            if kind == "model":
+                assert load_checkpoint(path).num_classes == 10
+            elif kind == "onnx":
+                onnx.checker.check_model(onnx.load(str(path)))
+    assert not list(run_dir.rglob("*.tmp")), "a temporary file was left behind"
+    assert (run_dir / "report.md").is_file() and (run_dir / "report.html").is_file()
+    with run_lock(run_dir):  # free again once the run ended
+        pass
+    return report
+
+
+def _trial(start, run_dir: Path, kill_at: float) -> tuple[dict, dict, dict]:
+    """Start a run, SIGKILL it after kill_at seconds, run the same command again to the end. A run
+    that ended before its kill point (this machine was faster than the reference run) is tried
+    again from scratch with an earlier one."""
+    for _ in range(4):
+        proc = start(run_dir)
+        proc.join(kill_at)
+        killed = proc.exitcode is None
+        if killed:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join()
+            break
+        shutil.rmtree(run_dir)
+        kill_at /= 2
+    before = _finished_stages(run_dir)
+    _finish(start, run_dir)
+    after = _finished_stages(run_dir)
+    return {"killed": killed, "kill_at": round(kill_at, 2)}, before, after
+
+
+def test_runs_killed_at_random_points_resume_to_a_complete_report(launcher, tmp_path, capsys):
+    # The reference run, uninterrupted; while it runs, a second pipeline on its folder is refused.
+    start = time.perf_counter()
+    first = launcher(tmp_path / "reference")
+    lock = tmp_path / "reference" / ".lock"
+    while not (lock.is_file() and lock.read_text()):
+        assert first.exitcode is None and time.perf_counter() - start < 120, "the pipeline never took its lock"
+        time.sleep(0.05)
+    capsys.readouterr()
+    code = main(["compress", str(launcher.recipe), "--run-dir", str(tmp_path / "reference")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and "is in use by another effvision run" in err and f"pid {first.pid}" in err and len(err.splitlines()) == 1, err
+    first.join(600)
+    duration = time.perf_counter() - start
+    assert first.exitcode == 0, (tmp_path / "reference.log").read_text()[-2000:]
+    reference = assert_complete(tmp_path / "reference")
+
+    # Kill points spread over the whole run (one per tenth of its length, at random inside it),
+    # two trials at a time; each rerun must finish, keeping what was finished before the kill.
+    seed = int(os.environ.get("EFFVISION_KILL_SEED", time.time_ns() % 10**6))
+    rng = random.Random(seed)
+    points = [duration * (i + rng.random()) / KILLS for i in range(KILLS)]
+    with ThreadPoolExecutor(2) as pool:
+        trials = list(pool.map(lambda ik: _trial(launcher, tmp_path / f"kill{ik[0]}", ik[1]), enumerate(points)))
+    for i, (info, before, after) in enumerate(trials):
+        where = f"trial {i} (EFFVISION_KILL_SEED={seed}, killed at {info['kill_at']} s of a {duration:.1f} s run)"
+        report = assert_complete(tmp_path / f"kill{i}")
+        for stage, metrics in before.items():
+            assert after.get(stage) == metrics, f"{where}: stage {stage}, finished before the kill, was lost or redone"
+        # The resumed run computes what an uninterrupted one does (same seed, one thread).
+        got = [(s["name"], s["accuracy"], s["params"]) for s in report["stages"]]
+        assert got == [(s["name"], s["accuracy"], s["params"]) for s in reference["stages"]], where
+    kills = [info for info, _, _ in trials if info["killed"]]
+    assert len(kills) == KILLS, f"only {len(kills)} of {KILLS} runs were still running at their kill point"
+    print(f"kill seed {seed}: {len(kills)} kills at {[k['kill_at'] for k in kills]} s of a {duration:.1f} s run")
