@@ -445,13 +445,11 @@ def bench(artifact: str = typer.Argument(..., help="An .onnx or .pte file, an ef
 # ----------------------------------------------------------------------------- studies
 def _budgets(value: str) -> list:
     """'0.1,0.3' are fractions, '500' a count of samples."""
-    import yaml
-
     from . import yamlio
 
     try:
         items = [yamlio.load(v) for v in _csv(value)]
-    except yaml.YAMLError:
+    except yamlio.YAMLError:
         items = []
     if not items or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in items):
         raise EffvisionError(f"--budgets {value}: give fractions in (0, 1] or sample counts, comma-separated")

@@ -24,7 +24,6 @@ from .runlock import run_lock
 from .stage import StageResult
 
 INIT_DIR = "0-init"
-REPORT_FILES = ("report.json", "report.md", "report.html")
 
 
 def _hash(*parts: Any) -> str:
@@ -210,10 +209,11 @@ def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: 
 def _forget_unfinished(run_dir: Path) -> None:
     """A killed run leaves temporary files (never renamed into place) and, from an earlier run, a
     report that no longer describes the folder: both go before anything runs."""
+    from .report import remove_report
+
     for tmp in run_dir.rglob(".*.tmp"):
         tmp.unlink(missing_ok=True)
-    for name in REPORT_FILES:
-        (run_dir / name).unlink(missing_ok=True)
+    remove_report(run_dir)
 
 
 def _completed(sdir: Path, fingerprint: str) -> Optional[dict]:

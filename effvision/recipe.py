@@ -8,7 +8,6 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from . import yamlio
@@ -76,7 +75,7 @@ def parse_set(item: str) -> tuple[list[str], Any]:
         raise RecipeError(f"--set {item!r}: empty key")
     try:
         return key.strip().split("."), yamlio.load(value) if value != "" else None
-    except yaml.YAMLError:
+    except yamlio.YAMLError:
         raise RecipeError(f"--set {item!r}: the value is not valid YAML (quote it)") from None
 
 
@@ -234,7 +233,7 @@ def read_yaml(path: Path) -> Any:
         raise RecipeError(f"{path}: is not a UTF-8 text file (a YAML recipe or card is expected)") from None
     try:
         return yamlio.load(text)
-    except yaml.YAMLError as exc:
+    except yamlio.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise RecipeError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', None) or exc})") from None

@@ -229,10 +229,21 @@ def to_html(report: dict) -> str:
             + "<h2>Per stage</h2>" + "".join(f"<div>{c}</div>" for c in charts) + "</body></html>\n")
 
 
+REPORT_FILES = {"report.md": to_markdown, "report.html": to_html, "report.json": None}  # None: the JSON itself
+
+
 def write_report(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     report = build_report(run_dir)
-    write_json(run_dir / "report.json", report)
-    write_text(run_dir / "report.md", to_markdown(report))
-    write_text(run_dir / "report.html", to_html(report))
+    for name, render in REPORT_FILES.items():
+        if render is None:
+            write_json(run_dir / name, report)
+        else:
+            write_text(run_dir / name, render(report))
     return report
+
+
+def remove_report(run_dir: Path) -> None:
+    """Delete a report that no longer describes the run folder (its stages are about to change)."""
+    for name in REPORT_FILES:
+        (run_dir / name).unlink(missing_ok=True)

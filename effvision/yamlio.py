@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+YAMLError = yaml.YAMLError  # every failure of load(); callers need not import PyYAML for it
 _EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 
 
@@ -24,15 +25,15 @@ for _cls in (Loader, Dumper):
 
 
 def load(text: str) -> Any:
-    """Parse YAML text; every failure is a yaml.YAMLError. PyYAML's constructors raise other
+    """Parse YAML text; every failure is a YAMLError. PyYAML's constructors raise other
     errors on bad values: ValueError (a date 2020-13-01, "!!int x"), IndexError ("!!int "),
     AttributeError ("!!timestamp 5"), RecursionError ("[[[...")."""
     try:
         return yaml.load(text, Loader=Loader)
-    except yaml.YAMLError:
+    except YAMLError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise yaml.YAMLError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        raise YAMLError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def dump(data: Any, **options) -> str:

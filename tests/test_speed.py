@@ -83,7 +83,7 @@ def test_training_stops_at_the_target_and_at_the_time_limit(digits):
     assert res.time_to_accuracy_s == res.history[-1]["train_s"]
     res = fit(create_model("cifar_resnet8", width=0.25), digits, TrainSettings(epochs=50, lr=0.1, max_train_s=0.3), CPU)
     # How many epochs fit in 0.3 s depends on the machine; what must hold on any of them: training went on
-    # while under the limit and stopped at the first step past it, long before 50 epochs.
+    # while under the limit and stopped at the end of the first epoch past it, long before 50 epochs.
     assert res.stopped == "time limit" and res.history[-1]["epoch"] < 50
     assert all(h["train_s"] <= 0.3 for h in res.history[:-1]) and res.history[-1]["train_s"] >= 0.3  # (ms-rounded)
     assert res.train_s < 5

@@ -93,6 +93,9 @@ _PLY_BYTES = {"char": 1, "uchar": 1, "int8": 1, "uint8": 1, "short": 2, "ushort"
               "int": 4, "uint": 4, "int32": 4, "uint32": 4, "float": 4, "float32": 4, "double": 8, "float64": 8}
 
 
+PCD_HEADER_LINES, PCD_HEADER_LINE_BYTES = 64, 4096  # a PCD header is about 11 short lines
+
+
 def _check_complete(path: Path) -> None:
     """open3d keeps what it read before a PLY or PCD ended early (and fills the rest with
     garbage); compare the data with what the header declares."""
@@ -105,32 +108,34 @@ def _check_complete(path: Path) -> None:
 
 def _check_pcd(path: Path) -> None:
     """ASCII and binary PCD: as many rows (bytes) as POINTS x the field sizes. binary_compressed
-    carries its own sizes, which open3d checks."""
-    data = path.read_bytes()
-    header, fields = {}, 0
-    end = 0
-    for line in data.split(b"\n"):
-        end += len(line) + 1
-        words = line.decode("ascii", "replace").split()
-        if not words or words[0].startswith("#"):
-            continue
-        header[words[0].upper()] = words[1:]
-        if words[0].upper() == "DATA":
-            break
-    try:
-        points = int(header["POINTS"][0])
-        sizes = [int(v) for v in header.get("SIZE", [])]
-        counts = [int(v) for v in header.get("COUNT", ["1"] * len(sizes))]
-        kind = header["DATA"][0].lower()
-    except (KeyError, IndexError, ValueError):
-        raise PointCloudError(f"{path}: not a PCD file (its header lacks POINTS, SIZE or DATA)") from None
-    body = data[end:]
-    if kind == "ascii":
-        have = sum(1 for line in body.splitlines() if line.strip())
-        if have < points:
-            raise PointCloudError(f"{path}: truncated (the header declares {points} points, the file has {have} rows)")
-    elif kind == "binary" and len(body) < points * sum(s * c for s, c in zip(sizes, counts)):
-        raise PointCloudError(f"{path}: truncated ({len(body)} bytes of data, the header needs {points * sum(s * c for s, c in zip(sizes, counts))})")
+    carries its own sizes, which open3d checks. Only the header and (for ASCII) the rows are read;
+    a binary body is measured by the file's size, not read a second time before open3d reads it."""
+    header = {}
+    with open(path, "rb") as f:
+        for _ in range(PCD_HEADER_LINES):
+            line = f.readline(PCD_HEADER_LINE_BYTES)
+            if not line:
+                break
+            words = line.decode("ascii", "replace").split()
+            if words and not words[0].startswith("#"):
+                header[words[0].upper()] = words[1:]
+                if words[0].upper() == "DATA":
+                    break
+        try:
+            points = int(header["POINTS"][0])
+            sizes = [int(v) for v in header.get("SIZE", [])]
+            counts = [int(v) for v in header.get("COUNT", ["1"] * len(sizes))]
+            kind = header["DATA"][0].lower()
+        except (KeyError, IndexError, ValueError):
+            raise PointCloudError(f"{path}: not a PCD file (its header lacks POINTS, SIZE or DATA)") from None
+        if kind == "ascii":
+            have = sum(1 for line in f if line.strip())
+            if have < points:
+                raise PointCloudError(f"{path}: truncated (the header declares {points} points, the file has {have} rows)")
+        elif kind == "binary":
+            have, need = path.stat().st_size - f.tell(), points * sum(s * c for s, c in zip(sizes, counts))
+            if have < need:
+                raise PointCloudError(f"{path}: truncated ({have} bytes of data, the header needs {need})")
 
 
 def _check_ply(path: Path) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from .. import yamlio
 from ..compress.selection import ProxyConfig, score
@@ -112,7 +111,7 @@ def parse_method(spec: str) -> tuple[str, dict]:
             raise EffvisionError(f"method '{spec}': options are key=value after the selector, e.g. el2n:keep=easy")
         try:
             options[key] = yamlio.load(value)
-        except yaml.YAMLError:
+        except yamlio.YAMLError:
             raise EffvisionError(f"method '{spec}': the value of {key} is not valid YAML (quote it)") from None
     return name, options
 
