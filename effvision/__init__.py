@@ -1,4 +1,5 @@
 """effvision: efficient visual recognition end to end (fine-tune, compress, export, benchmark)."""
+
 __version__ = "0.1.0"
 
 from .errors import EffvisionError  # noqa: E402
@@ -9,13 +10,32 @@ def __getattr__(name):
     import importlib
 
     where = {
-        "create_model": "models", "list_models": "models", "load_checkpoint": "models",
-        "load_dataset": "data", "load_recipe": "recipe", "run_pipeline": "pipeline",
-        "export": "deploy", "benchmark": "deploy", "bench_model": "deploy", "evaluate": "deploy",
+        "create_model": "models",
+        "list_models": "models",
+        "load_checkpoint": "models",
+        "load_dataset": "data",
+        "load_recipe": "recipe",
+        "run_pipeline": "pipeline",
+        "export": "deploy",
+        "benchmark": "deploy",
+        "bench_model": "deploy",
+        "evaluate": "deploy",
     }
     if name in where:
         return getattr(importlib.import_module(f".{where[name]}", __name__), name)
     raise AttributeError(f"module 'effvision' has no attribute {name!r}")
 
 
-__all__ = ["EffvisionError", "create_model", "list_models", "load_checkpoint", "load_dataset", "load_recipe", "run_pipeline", "export", "benchmark", "bench_model", "evaluate"]
+__all__ = [
+    "EffvisionError",
+    "create_model",
+    "list_models",
+    "load_checkpoint",
+    "load_dataset",
+    "load_recipe",
+    "run_pipeline",
+    "export",
+    "benchmark",
+    "bench_model",
+    "evaluate",
+]

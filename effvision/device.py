@@ -3,6 +3,7 @@
 Timing uses CUDA events on a GPU (they measure the device's work, not the host's launch) and
 perf_counter on the CPU; peak memory is CUDA's max allocated on a GPU and the process's peak RSS
 (VmHWM, reset per measurement where Linux allows it) on the CPU."""
+
 from __future__ import annotations
 
 import resource
@@ -109,7 +110,11 @@ class PeakMemory:
 
     def _read(self) -> dict:
         if self.device.type == "cuda":
-            return {"kind": "cuda_max_allocated", "bytes": int(torch.cuda.max_memory_allocated(self.device)), "scope": "block"}
+            return {
+                "kind": "cuda_max_allocated",
+                "bytes": int(torch.cuda.max_memory_allocated(self.device)),
+                "scope": "block",
+            }
         kib = _status_kib("VmHWM") if self.scope == "block" else None
         if kib is None:
             kib, self.scope = _peak_rss_kib(), "process"

@@ -1,4 +1,5 @@
 """env.json: what produced a run (versions, CPU/GPU, git SHA), so every figure can be reproduced."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,13 @@ def cpu_name() -> str:
 
 def git_sha() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -47,9 +53,19 @@ def collect_env() -> dict:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
-        "effvision": _version("effvision"), "python": sys.version.split()[0], "platform": platform.platform(),
-        "torch": torch.__version__, "torchvision": _version("torchvision"), "timm": _version("timm"),
-        "onnx": _version("onnx"), "onnxruntime": _version("onnxruntime"), "torch_pruning": _version("torch-pruning"),
-        "cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpu": gpu, "git_sha": git_sha(),
+        "effvision": _version("effvision"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        "timm": _version("timm"),
+        "onnx": _version("onnx"),
+        "onnxruntime": _version("onnxruntime"),
+        "torch_pruning": _version("torch-pruning"),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "git_sha": git_sha(),
         "command": command_line(),
     }

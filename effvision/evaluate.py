@@ -1,4 +1,5 @@
 """Top-1 accuracy of any predictor (a torch model or an ONNX Runtime session) over a loader."""
+
 from __future__ import annotations
 
 from typing import Callable

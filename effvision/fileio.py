@@ -1,4 +1,5 @@
 """Atomic writes: a run folder never holds a half-written file, even when a run is killed."""
+
 from __future__ import annotations
 
 import json

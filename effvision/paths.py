@@ -1,4 +1,5 @@
 """Where the user-editable YAML lives: the working folder first, then the project checkout."""
+
 from __future__ import annotations
 
 import os

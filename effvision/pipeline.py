@@ -2,6 +2,7 @@
 completed stage. A stage is complete once its metrics.json exists (written last, atomically) and
 every artifact it names is there; the report is written after the last stage, so a run folder
 with a report.json holds a finished run. One process writes a run folder at a time (runlock)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,8 @@ from typing import Any, Optional
 import torch
 
 from . import yamlio
-from .errors import EffvisionError
 from .device import resolve_device
+from .errors import EffvisionError
 from .fileio import read_json, write_json, write_text
 from .progress import log
 from .recipe import Recipe, recipe_to_dict
@@ -43,7 +44,9 @@ class RunContext:
         self.stage_dir: Path = run_dir
         self._model: Optional[torch.nn.Module] = None
         self._data = None
-        self._selection: Optional[tuple[list[int], Optional[list[float]]]] = None  # a select stage's coreset of the training split
+        self._selection: Optional[tuple[list[int], Optional[list[float]]]] = (
+            None  # a select stage's coreset of the training split
+        )
         self._selected = None
 
     # -- shared inputs -------------------------------------------------------------------
@@ -56,8 +59,12 @@ class RunContext:
             self._data = load_dataset(self.recipe.data, seed=self.seed)
             summary = self._data.summary()
             if summary["bad_samples"]:
-                log(f"[yellow]skipped {summary['bad_samples']} unreadable files[/] (first: {self._data.bad_samples[0][0]})")
-            write_json(self.run_dir / "dataset.json", {**summary, "bad_files": [p for p, _ in self._data.bad_samples[:100]]})
+                log(
+                    f"[yellow]skipped {summary['bad_samples']} unreadable files[/] (first: {self._data.bad_samples[0][0]})"
+                )
+            write_json(
+                self.run_dir / "dataset.json", {**summary, "bad_files": [p for p, _ in self._data.bad_samples[:100]]}
+            )
         if self._selection is None:
             return self._data
         if self._selected is None:
@@ -77,7 +84,9 @@ class RunContext:
         """The int8 calibration samples a CalibrationConfig asks for, scored by the current model."""
         from .compress.selection import calibration_indices
 
-        return self.data.train_eval_loader(calibration_indices(self.data, cfg, self.model, self.device, self.seed), batch_size=32)
+        return self.data.train_eval_loader(
+            calibration_indices(self.data, cfg, self.model, self.device, self.seed), batch_size=32
+        )
 
     @property
     def input_shape(self) -> list[int]:
@@ -95,7 +104,13 @@ class RunContext:
         from .models import create_model
 
         m, d = self.recipe.model, self.recipe.data
-        model = create_model(m.name, num_classes=self.data.num_classes, pretrained=m.pretrained, input_size=self.data.input_size, **m.kwargs)
+        model = create_model(
+            m.name,
+            num_classes=self.data.num_classes,
+            pretrained=m.pretrained,
+            input_size=self.data.input_size,
+            **m.kwargs,
+        )
         # Saved with every checkpoint, so `effvision export` calibrates on the data the model knows.
         model.effvision_spec["data"] = {"name": d.name, "root": d.root, "image_size": d.image_size}
         return model
@@ -109,10 +124,16 @@ class RunContext:
 
         return {"params": count_params(model), "macs": count_macs(model, self.input_shape)}
 
-    def torch_result(self, model: torch.nn.Module, accuracy: float | None = None, time_to_accuracy_s: float | None = None,
-                     extra: dict | None = None) -> StageResult:
+    def torch_result(
+        self,
+        model: torch.nn.Module,
+        accuracy: float | None = None,
+        time_to_accuracy_s: float | None = None,
+        extra: dict | None = None,
+    ) -> StageResult:
         """Save the stage's torch model, measure it, and make it the current model."""
-        from .evaluate import accuracy as top1, torch_predictor
+        from .evaluate import accuracy as top1
+        from .evaluate import torch_predictor
         from .models import save_checkpoint
 
         model = model.eval()
@@ -120,8 +141,14 @@ class RunContext:
         if accuracy is None:
             accuracy = top1(torch_predictor(model, self.device), self.data.val_loader())
         self._model, self.model_path = model, path
-        metrics = {**self._size(model), "size_bytes": path.stat().st_size, "accuracy": accuracy, "evaluated_with": "torch",
-                   "time_to_accuracy_s": time_to_accuracy_s, **(extra or {})}
+        metrics = {
+            **self._size(model),
+            "size_bytes": path.stat().st_size,
+            "accuracy": accuracy,
+            "evaluated_with": "torch",
+            "time_to_accuracy_s": time_to_accuracy_s,
+            **(extra or {}),
+        }
         return StageResult(metrics, {"model": path.name})
 
     def artifact_result(self, path: Path, extra: dict | None = None) -> StageResult:
@@ -134,13 +161,21 @@ class RunContext:
         acc = evaluate(path, self.data.val_loader())
         if kind == "onnx":
             self.onnx = path
-        metrics = {**self._size(self.model), "size_bytes": path.stat().st_size, "accuracy": acc, "evaluated_with": runtime,
-                   "time_to_accuracy_s": None, **(extra or {})}
+        metrics = {
+            **self._size(self.model),
+            "size_bytes": path.stat().st_size,
+            "accuracy": acc,
+            "evaluated_with": runtime,
+            "time_to_accuracy_s": None,
+            **(extra or {}),
+        }
         return StageResult(metrics, {kind: path.name})
 
     def bench_result(self, measurements: list[dict], extra: dict | None = None) -> StageResult:
         """The bench row describes the artifact that ships (the last exported file, else the last model)."""
-        final = next((r for r in reversed(self.records) if {"onnx", "pte"} & set(r["artifacts"])), None) or self.records[-1]
+        final = (
+            next((r for r in reversed(self.records) if {"onnx", "pte"} & set(r["artifacts"])), None) or self.records[-1]
+        )
         keep = ("params", "macs", "size_bytes", "accuracy", "evaluated_with")
         metrics = {k: final.get(k) for k in keep}
         metrics.update(artifact_of=final["name"], time_to_accuracy_s=None, measurements=measurements, **(extra or {}))
@@ -154,7 +189,12 @@ class RunContext:
         """(stage name, kind, artifact) for every stage artifact, or only the last of each kind."""
         from .models import load_checkpoint
 
-        items = [(r["name"], kind, self.run_dir / path) for r in self.records for kind, path in r["artifacts"].items() if kind in ("model", "onnx", "pte")]
+        items = [
+            (r["name"], kind, self.run_dir / path)
+            for r in self.records
+            for kind, path in r["artifacts"].items()
+            if kind in ("model", "onnx", "pte")
+        ]
         if targets == "final":
             items = list({kind: (name, kind, path) for name, kind, path in items}.values())  # the last of each kind
         for name, kind, path in items:
@@ -181,7 +221,9 @@ class RunContext:
             return load_checkpoint(spec).to(self.device), spec
         else:
             names = [r["name"] for r in self.records if "model" in r["artifacts"]]
-            raise EffvisionError(f"teacher '{spec}' is neither 'auto', 'none', an earlier stage ({', '.join(names)}) nor a checkpoint file")
+            raise EffvisionError(
+                f"teacher '{spec}' is neither 'auto', 'none', an earlier stage ({', '.join(names)}) nor a checkpoint file"
+            )
         return load_checkpoint(self.run_dir / path).to(self.device), path
 
     def adopt(self, record: dict) -> None:
@@ -244,7 +286,10 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> d
     _forget_unfinished(run_dir)
     stages = [s for s in recipe.stages if only_types is None or s.type in only_types]
     resolved = recipe_to_dict(recipe)
-    write_text(run_dir / "recipe.yaml", f"# resolved from {recipe._source or '<api>'}\n" + yamlio.dump(resolved, sort_keys=False))
+    write_text(
+        run_dir / "recipe.yaml",
+        f"# resolved from {recipe._source or '<api>'}\n" + yamlio.dump(resolved, sort_keys=False),
+    )
     write_json(run_dir / "env.json", {**collect_env(), "recipe": recipe._source})
     ctx = RunContext(recipe, run_dir)
     torch.manual_seed(recipe.seed)
@@ -271,9 +316,16 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> d
         input_model = ctx.rel(ctx.model_path) if ctx.model_path else None
         start = time.perf_counter()
         result = STAGES.get(cfg.type).run(ctx, cfg)
-        record = {"index": k, "name": cfg.name, "type": cfg.type, **result.metrics, "wall_s": round(time.perf_counter() - start, 3),
-                  "artifacts": {kind: ctx.rel(sdir / f) for kind, f in result.artifacts.items()}, "input_model": input_model,
-                  "fingerprint": fingerprint}
+        record = {
+            "index": k,
+            "name": cfg.name,
+            "type": cfg.type,
+            **result.metrics,
+            "wall_s": round(time.perf_counter() - start, 3),
+            "artifacts": {kind: ctx.rel(sdir / f) for kind, f in result.artifacts.items()},
+            "input_model": input_model,
+            "fingerprint": fingerprint,
+        }
         write_json(done, record)
         ctx.adopt(record)
     # Stages outside this plan are stale when the recipe dropped them or an earlier stage re-ran;
@@ -302,5 +354,8 @@ def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
     model = ctx.initial_model()
     ctx.model_path = save_checkpoint(model, sdir / "model.pt")
     ctx._model = model
-    write_json(done, {"fingerprint": fingerprint, "model": ctx.recipe.model.name, "artifacts": {"model": ctx.rel(ctx.model_path)}})
+    write_json(
+        done,
+        {"fingerprint": fingerprint, "model": ctx.recipe.model.name, "artifacts": {"model": ctx.rel(ctx.model_path)}},
+    )
     return True

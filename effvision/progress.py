@@ -1,4 +1,5 @@
 """Progress bars (rich) for long work; silent when EFFVISION_QUIET is set (tests, scripts)."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,16 @@ def progress_bar() -> Iterator[Progress | None]:
     if quiet() or not sys.stderr.isatty():
         yield None
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         yield bar
 
 
@@ -38,7 +47,11 @@ def track(items: Iterable, description: str = "", total: int | None = None) -> I
         if bar is None:
             yield from items
             return
-        task = bar.add_task(description, total=total if total is not None else (len(items) if hasattr(items, "__len__") else None), info="")
+        task = bar.add_task(
+            description,
+            total=total if total is not None else (len(items) if hasattr(items, "__len__") else None),
+            info="",
+        )
         for item in items:
             yield item
             bar.advance(task)

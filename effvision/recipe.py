@@ -1,4 +1,5 @@
 """Recipes: YAML -> typed, validated pydantic objects; `--set a.b=value` overrides; clear errors."""
+
 from __future__ import annotations
 
 import copy
@@ -12,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from . import yamlio
 from .errors import EffvisionError
-from .registry import STAGES
 from .paths import find_file
+from .registry import STAGES
 
 
 class RecipeError(EffvisionError):
@@ -43,7 +44,10 @@ class DataConfig(Strict):
 
 class ModelConfig(Strict):
     name: str = Field(..., description="zoo card, registered model, timm:<name> or torchvision:<name>")
-    pretrained: Optional[str] = Field(None, description="a local .pth/.safetensors file, hf-hub:<repo_id> (from the Hugging Face cache) or zoo (the card's weights)")
+    pretrained: Optional[str] = Field(
+        None,
+        description="a local .pth/.safetensors file, hf-hub:<repo_id> (from the Hugging Face cache) or zoo (the card's weights)",
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -62,7 +66,9 @@ class Recipe(Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig
     stages: list[Any] = Field(default_factory=list)  # each becomes its type's StageConfig in validate_recipe
-    presets: dict[str, dict[str, Any]] = Field(default_factory=dict, description="named sets of key.path: value overrides (--preset NAME)")
+    presets: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="named sets of key.path: value overrides (--preset NAME)"
+    )
     _source: Optional[str] = PrivateAttr(None)  # the file it came from, for run folders and errors
 
 
@@ -92,7 +98,9 @@ def apply_preset(raw: dict, name: str, source: str) -> dict:
     """Apply the recipe's own preset `name` (a mapping of key.path: value, like --set)."""
     presets = raw.get("presets") or {}
     if not isinstance(presets, dict) or name not in presets:
-        have = ", ".join(map(str, presets)) if isinstance(presets, dict) and presets else "none"  # YAML keys may be ints
+        have = (
+            ", ".join(map(str, presets)) if isinstance(presets, dict) and presets else "none"
+        )  # YAML keys may be ints
         raise RecipeError(f"{source}: unknown preset '{name}' (this recipe defines: {have})")
     if not isinstance(presets[name], dict):
         raise RecipeError(f"{source}: presets.{name}: must map key.path to a value, e.g. stages.train.lr: 0.1")

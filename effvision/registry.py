@@ -1,4 +1,5 @@
 """One Registry class for everything looked up by name (models, datasets, stages, backends)."""
+
 from __future__ import annotations
 
 import difflib

@@ -1,4 +1,5 @@
 """report.json / report.md / report.html of a run folder, built from the stages' metrics.json."""
+
 from __future__ import annotations
 
 import base64
@@ -14,7 +15,11 @@ _INTERNAL = {"history", "measurements", "fingerprint", "input_model", "artifacts
 
 
 def _stage_dirs(run_dir: Path) -> list[Path]:
-    dirs = [d for d in (run_dir / "stages").glob("*") if d.is_dir() and (d / "metrics.json").is_file() and not d.name.startswith("0-")]
+    dirs = [
+        d
+        for d in (run_dir / "stages").glob("*")
+        if d.is_dir() and (d / "metrics.json").is_file() and not d.name.startswith("0-")
+    ]
     return sorted(dirs, key=lambda d: int(d.name.split("-", 1)[0]))
 
 
@@ -25,7 +30,9 @@ def _pick(measurements: list[dict], stage: str, batch: int) -> dict | None:
 def build_report(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     if not (run_dir / "env.json").is_file():
-        raise EffvisionError(f"{run_dir} is not a run folder (no env.json); run `effvision compress RECIPE --run-dir {run_dir}` first")
+        raise EffvisionError(
+            f"{run_dir} is not a run folder (no env.json); run `effvision compress RECIPE --run-dir {run_dir}` first"
+        )
     dirs = _stage_dirs(run_dir)
     records = [read_json(d / "metrics.json") for d in dirs]
     env = read_json(run_dir / "env.json")
@@ -40,8 +47,14 @@ def build_report(run_dir: str | Path) -> dict:
         row.setdefault("time_to_accuracy_s", None)
         subject = r.get("artifact_of", r["name"])
         lat, tp = _pick(measurements, subject, lat_batch), _pick(measurements, subject, tp_batch)
-        row["latency_ms"] = {"backend": lat["backend"], "batch": lat["batch"], "p50": lat["p50"], "p90": lat["p90"], "p99": lat["p99"]} if lat else None
-        row["throughput"] = {"backend": tp["backend"], "batch": tp["batch"], "samples_per_s": tp["samples_per_s"]} if tp else None
+        row["latency_ms"] = (
+            {"backend": lat["backend"], "batch": lat["batch"], "p50": lat["p50"], "p90": lat["p90"], "p99": lat["p99"]}
+            if lat
+            else None
+        )
+        row["throughput"] = (
+            {"backend": tp["backend"], "batch": tp["batch"], "samples_per_s": tp["samples_per_s"]} if tp else None
+        )
         if r["type"] == "bench":
             row["all_measurements"] = r.get("measurements", [])
         stages.append(row)
@@ -50,8 +63,29 @@ def build_report(run_dir: str | Path) -> dict:
     dataset = read_json(run_dir / "dataset.json") if (run_dir / "dataset.json").is_file() else None
     if dataset:
         dataset = {k: v for k, v in dataset.items() if k != "bad_files"}
-    return {"recipe": env.get("recipe"), "run_dir": str(run_dir), "dataset": dataset, "stages": stages, "artifacts": artifacts,
-            "env": {k: env.get(k) for k in ("torch", "torchvision", "timm", "onnx", "onnxruntime", "torch_pruning", "python", "cpu", "cpu_count", "gpu", "git_sha")}}
+    return {
+        "recipe": env.get("recipe"),
+        "run_dir": str(run_dir),
+        "dataset": dataset,
+        "stages": stages,
+        "artifacts": artifacts,
+        "env": {
+            k: env.get(k)
+            for k in (
+                "torch",
+                "torchvision",
+                "timm",
+                "onnx",
+                "onnxruntime",
+                "torch_pruning",
+                "python",
+                "cpu",
+                "cpu_count",
+                "gpu",
+                "git_sha",
+            )
+        },
+    }
 
 
 def fmt_num(n) -> str:
@@ -82,14 +116,39 @@ def _measured_with(stage: dict) -> str:
 
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     """The per-stage table shared by report.md, report.html and the CLI."""
-    head = ["#", "stage", "type", "params", "MACs", "size", "top-1", "measured with", "p50 ms (b=1)", "samples/s", "wall s", "time-to-acc s"]
+    head = [
+        "#",
+        "stage",
+        "type",
+        "params",
+        "MACs",
+        "size",
+        "top-1",
+        "measured with",
+        "p50 ms (b=1)",
+        "samples/s",
+        "wall s",
+        "time-to-acc s",
+    ]
     rows = []
     for i, s in enumerate(report["stages"], 1):
         lat, tp = s.get("latency_ms"), s.get("throughput")
-        rows.append([str(i), s["name"], s["type"], fmt_num(s.get("params")), fmt_num(s.get("macs")), fmt_bytes(s.get("size_bytes")),
-                     f"{s['accuracy']:.4f}" if s.get("accuracy") is not None else "-", _measured_with(s),
-                     f"{lat['p50']:.3f} {_SHORT.get(lat['backend'], lat['backend'])}" if lat else "-", f"{tp['samples_per_s']:.0f} (b={tp['batch']})" if tp else "-",
-                     f"{s.get('wall_s', 0):.1f}", f"{s['time_to_accuracy_s']:.1f}" if s.get("time_to_accuracy_s") is not None else "-"])
+        rows.append(
+            [
+                str(i),
+                s["name"],
+                s["type"],
+                fmt_num(s.get("params")),
+                fmt_num(s.get("macs")),
+                fmt_bytes(s.get("size_bytes")),
+                f"{s['accuracy']:.4f}" if s.get("accuracy") is not None else "-",
+                _measured_with(s),
+                f"{lat['p50']:.3f} {_SHORT.get(lat['backend'], lat['backend'])}" if lat else "-",
+                f"{tp['samples_per_s']:.0f} (b={tp['batch']})" if tp else "-",
+                f"{s.get('wall_s', 0):.1f}",
+                f"{s['time_to_accuracy_s']:.1f}" if s.get("time_to_accuracy_s") is not None else "-",
+            ]
+        )
     return head, rows
 
 
@@ -98,35 +157,58 @@ def to_markdown(report: dict) -> str:
     out = [f"# effvision report: {report['run_dir']}", "", f"Recipe: `{report['recipe']}`"]
     if report.get("dataset"):
         d = report["dataset"]
-        out.append(f"Dataset: {d['name']} ({d['modality']}), train {d['train_size']}, val {d['val_size']}, {d.get('bad_samples', 0)} unreadable files skipped")
+        out.append(
+            f"Dataset: {d['name']} ({d['modality']}), train {d['train_size']}, val {d['val_size']}, {d.get('bad_samples', 0)} unreadable files skipped"
+        )
         if d.get("points_per_sample"):
-            out.append(f"Points per sample: {d['points_per_sample']} kept by the {d['sampler']} sampler ({fmt_bytes(d['bytes_per_sample'])}) "
-                       f"of {d['source_points_per_sample']:g} in the files ({fmt_bytes(d['source_bytes_per_sample'])} on disk)")
+            out.append(
+                f"Points per sample: {d['points_per_sample']} kept by the {d['sampler']} sampler ({fmt_bytes(d['bytes_per_sample'])}) "
+                f"of {d['source_points_per_sample']:g} in the files ({fmt_bytes(d['source_bytes_per_sample'])} on disk)"
+            )
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     for s in report["stages"]:
         if s.get("views"):
-            out += ["", f"Test views ({s['name']}): {s['clips']} clips x {s['crops']} crops = {s['views']} forward passes per video, "
-                        f"{fmt_num(s.get('macs_per_video'))} MACs, {s.get('frames_decoded_per_video')} decoded frames and "
-                        f"{s.get('ms_per_video')} ms per video (decoding included)."]
+            out += [
+                "",
+                f"Test views ({s['name']}): {s['clips']} clips x {s['crops']} crops = {s['views']} forward passes per video, "
+                f"{fmt_num(s.get('macs_per_video'))} MACs, {s.get('frames_decoded_per_video')} decoded frames and "
+                f"{s.get('ms_per_video')} ms per video (decoding included).",
+            ]
         if s["type"] == "select":
-            out += ["", f"Selection ({s['name']}): {s['selected']} of {s['of']} training samples kept by `{s['selector']}` (budget {s['budget']}"
-                        f"{', weighted' if s.get('weighted') else ''}); proxy training {s['proxy_train_s']:.1f} s, scoring {s['scoring_s']:.1f} s. "
-                        "Later stages train on them."]
+            out += [
+                "",
+                f"Selection ({s['name']}): {s['selected']} of {s['of']} training samples kept by `{s['selector']}` (budget {s['budget']}"
+                f"{', weighted' if s.get('weighted') else ''}); proxy training {s['proxy_train_s']:.1f} s, scoring {s['scoring_s']:.1f} s. "
+                "Later stages train on them.",
+            ]
     bench = [s for s in report["stages"] if s["type"] == "bench"]
     if bench and bench[-1].get("all_measurements"):
         from .deploy.results import markdown_table
 
         out += ["", "## Benchmark (every artifact)", "", markdown_table(bench[-1]["all_measurements"])]
-        out += [f"![latency and throughput against batch size](stages/{bench[-1]['stage_dir']}/{p})" for p in bench[-1].get("plots") or []]
+        out += [
+            f"![latency and throughput against batch size](stages/{bench[-1]['stage_dir']}/{p})"
+            for p in bench[-1].get("plots") or []
+        ]
         rf = bench[-1].get("roofline")
         if rf:
             peaks = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in rf["matmul_flops_per_s"].items() if v)
-            out += ["", f"Device limits measured in the same run ({rf['device']}): matrix product {peaks}; copy {rf['copy_bytes_per_s'] / 1e9:.1f} GB/s."]
-    out += ["", "Accuracy is top-1 on the validation split of the artifact each stage produced; ONNX stages are measured by running the file in ONNX Runtime."]
+            out += [
+                "",
+                f"Device limits measured in the same run ({rf['device']}): matrix product {peaks}; copy {rf['copy_bytes_per_s'] / 1e9:.1f} GB/s.",
+            ]
+    out += [
+        "",
+        "Accuracy is top-1 on the validation split of the artifact each stage produced; ONNX stages are measured by running the file in ONNX Runtime.",
+    ]
     out += ["", "Artifacts: " + ", ".join(f"{k}: `{v}`" for k, v in report["artifacts"].items())]
     e = report["env"]
-    out += ["", f"Environment: torch {e['torch']}, onnxruntime {e['onnxruntime']}, timm {e['timm']}, CPU {e['cpu']} ({e['cpu_count']} cores), GPU {e['gpu'] or 'none'}, git {e['git_sha']}", ""]
+    out += [
+        "",
+        f"Environment: torch {e['torch']}, onnxruntime {e['onnxruntime']}, timm {e['timm']}, CPU {e['cpu']} ({e['cpu_count']} cores), GPU {e['gpu'] or 'none'}, git {e['git_sha']}",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -135,27 +217,45 @@ def _bars(title: str, items: list[tuple[str, float]], fmt: str) -> str:
         return ""
     top = max(v for _, v in items) or 1.0
     h, w = 24 * len(items) + 30, 640
-    parts = [f'<svg width="{w}" height="{h}" role="img"><text x="0" y="16" font-weight="bold">{html.escape(title)}</text>']
+    parts = [
+        f'<svg width="{w}" height="{h}" role="img"><text x="0" y="16" font-weight="bold">{html.escape(title)}</text>'
+    ]
     for i, (label, v) in enumerate(items):
         y = 28 + 24 * i
-        parts.append(f'<text x="0" y="{y + 14}" font-size="12">{html.escape(label)}</text>'
-                     f'<rect x="160" y="{y}" width="{380 * v / top:.1f}" height="18" fill="#4c78a8"/>'
-                     f'<text x="{166 + 380 * v / top:.1f}" y="{y + 14}" font-size="12">{fmt.format(v)}</text>')
+        parts.append(
+            f'<text x="0" y="{y + 14}" font-size="12">{html.escape(label)}</text>'
+            f'<rect x="160" y="{y}" width="{380 * v / top:.1f}" height="18" fill="#4c78a8"/>'
+            f'<text x="{166 + 380 * v / top:.1f}" y="{y + 14}" font-size="12">{fmt.format(v)}</text>'
+        )
     return "".join(parts) + "</svg>"
 
 
 def pareto_points(report: dict) -> list[dict]:
     """Per stage: accuracy, latency p50 at the smallest batch and size on disk, and whether it is
     on the Pareto front (no other stage is at least as accurate and at least as fast/small)."""
-    pts = [{"name": s["name"], "accuracy": s["accuracy"], "latency": (s.get("latency_ms") or {}).get("p50"), "size": s.get("size_bytes")}
-           for s in report["stages"] if s["type"] != "bench" and s.get("accuracy") is not None]
+    pts = [
+        {
+            "name": s["name"],
+            "accuracy": s["accuracy"],
+            "latency": (s.get("latency_ms") or {}).get("p50"),
+            "size": s.get("size_bytes"),
+        }
+        for s in report["stages"]
+        if s["type"] != "bench" and s.get("accuracy") is not None
+    ]
     for key in ("latency", "size"):
         for p in pts:
             if p[key] is None:
                 p[f"front_{key}"] = False
                 continue
-            p[f"front_{key}"] = not any(q is not p and q[key] is not None and q["accuracy"] >= p["accuracy"] and q[key] <= p[key]
-                                        and (q["accuracy"] > p["accuracy"] or q[key] < p[key]) for q in pts)
+            p[f"front_{key}"] = not any(
+                q is not p
+                and q[key] is not None
+                and q["accuracy"] >= p["accuracy"]
+                and q[key] <= p[key]
+                and (q["accuracy"] > p["accuracy"] or q[key] < p[key])
+                for q in pts
+            )
     return pts
 
 
@@ -172,12 +272,17 @@ def pareto_png(report: dict) -> bytes | None:
     if not pts:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, xlabel in ((axes[0], "latency", "latency p50 at the smallest batch (ms)"), (axes[1], "size", "size on disk (kB)")):
+    for ax, key, xlabel in (
+        (axes[0], "latency", "latency p50 at the smallest batch (ms)"),
+        (axes[1], "size", "size on disk (kB)"),
+    ):
         have = [p for p in pts if p[key] is not None]
         scale = 1 / 1024 if key == "size" else 1
         for p in have:
             ax.scatter(p[key] * scale, p["accuracy"], color="#e45756" if p[f"front_{key}"] else "#4c78a8", zorder=3)
-            ax.annotate(p["name"], (p[key] * scale, p["accuracy"]), fontsize=8, xytext=(4, 4), textcoords="offset points")
+            ax.annotate(
+                p["name"], (p[key] * scale, p["accuracy"]), fontsize=8, xytext=(4, 4), textcoords="offset points"
+            )
         front = sorted((p for p in have if p[f"front_{key}"]), key=lambda p: p[key])
         if len(front) > 1:
             ax.plot([p[key] * scale for p in front], [p["accuracy"] for p in front], color="#e45756", alpha=0.6)
@@ -195,7 +300,11 @@ def pareto_png(report: dict) -> bytes | None:
 
 
 def _img(data: bytes | None, alt: str) -> str:
-    return "" if not data else f'<img alt="{html.escape(alt)}" style="max-width:100%" src="data:image/png;base64,{base64.b64encode(data).decode()}"/>'
+    return (
+        ""
+        if not data
+        else f'<img alt="{html.escape(alt)}" style="max-width:100%" src="data:image/png;base64,{base64.b64encode(data).decode()}"/>'
+    )
 
 
 def _bench_plots(report: dict) -> list[bytes]:
@@ -214,19 +323,43 @@ def to_html(report: dict) -> str:
     head, rows = table_rows(report)
     stages = [s for s in report["stages"] if s["type"] != "bench"]
     charts = [
-        _bars("top-1 accuracy", [(s["name"], s["accuracy"]) for s in stages if s.get("accuracy") is not None], "{:.4f}"),
+        _bars(
+            "top-1 accuracy", [(s["name"], s["accuracy"]) for s in stages if s.get("accuracy") is not None], "{:.4f}"
+        ),
         _bars("MACs (millions)", [(s["name"], s["macs"] / 1e6) for s in stages if s.get("macs")], "{:.2f}"),
-        _bars("size on disk (kB)", [(s["name"], s["size_bytes"] / 1024) for s in stages if s.get("size_bytes")], "{:.1f}"),
-        _bars("latency p50 at batch 1 (ms)", [(f"{s['name']} ({s['latency_ms']['backend']})", s["latency_ms"]["p50"]) for s in stages if s.get("latency_ms")], "{:.3f}"),
+        _bars(
+            "size on disk (kB)", [(s["name"], s["size_bytes"] / 1024) for s in stages if s.get("size_bytes")], "{:.1f}"
+        ),
+        _bars(
+            "latency p50 at batch 1 (ms)",
+            [
+                (f"{s['name']} ({s['latency_ms']['backend']})", s["latency_ms"]["p50"])
+                for s in stages
+                if s.get("latency_ms")
+            ],
+            "{:.3f}",
+        ),
     ]
-    table = "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>"
+    table = (
+        "<table><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr>"
+        + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+        + "</table>"
+    )
     style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>effvision report</title><style>{style}</style></head><body>"
-            f"<h1>effvision report</h1><p>{html.escape(str(report['recipe']))} &rarr; {html.escape(report['run_dir'])}</p>{table}"
-            + f"<h2>Accuracy against latency and size</h2>{_img(pareto_png(report), 'Pareto plot')}"
-            + "".join(f"<h2>Benchmark</h2>{_img(png, 'latency and throughput against batch size')}" for png in _bench_plots(report))
-            + "<h2>Per stage</h2>" + "".join(f"<div>{c}</div>" for c in charts) + "</body></html>\n")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>effvision report</title><style>{style}</style></head><body>"
+        f"<h1>effvision report</h1><p>{html.escape(str(report['recipe']))} &rarr; {html.escape(report['run_dir'])}</p>{table}"
+        + f"<h2>Accuracy against latency and size</h2>{_img(pareto_png(report), 'Pareto plot')}"
+        + "".join(
+            f"<h2>Benchmark</h2>{_img(png, 'latency and throughput against batch size')}"
+            for png in _bench_plots(report)
+        )
+        + "<h2>Per stage</h2>"
+        + "".join(f"<div>{c}</div>" for c in charts)
+        + "</body></html>\n"
+    )
 
 
 REPORT_FILES = {"report.md": to_markdown, "report.html": to_html, "report.json": None}  # None: the JSON itself

@@ -2,6 +2,7 @@
 
 flock() belongs to the open file, so the operating system drops it when the process ends in any
 way, SIGKILL included: a killed run never leaves a stale lock for its resume to trip over."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,10 +28,14 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise EffvisionError(f"run folder {run_dir} is in use by another effvision run ({holder}); "
-                                 "wait for it to finish, or give this run its own --run-dir") from None
+            raise EffvisionError(
+                f"run folder {run_dir} is in use by another effvision run ({holder}); "
+                "wait for it to finish, or give this run its own --run-dir"
+            ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        os.pwrite(
+            fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0
+        )
         yield
     finally:
         os.close(fd)  # releases the lock; the file stays (removing it would race a waiting run)

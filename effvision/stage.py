@@ -1,4 +1,5 @@
 """What a pipeline stage is: a small pydantic config plus a handler `run(ctx, cfg) -> StageResult`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,7 @@
 """YAML as effvision reads and writes it: safe (no Python tags run), and numbers like 1e-4 are
 floats, as YAML 1.2 and the people who type them mean (YAML 1.1, PyYAML's default, wants a dot
 and a signed exponent, so `lr: 1e-4` would be the string "1e-4" wherever no type converts it)."""
+
 from __future__ import annotations
 
 import re

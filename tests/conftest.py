@@ -1,4 +1,5 @@
 """Shared fixtures: quiet output, no hub access, tiny recipes and generated image folders."""
+
 from __future__ import annotations
 
 import os
@@ -19,11 +20,19 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared (real t
 def tiny_recipe(**over) -> dict:
     """A recipe through every stage that runs in seconds: a quarter-width net on 400 digits."""
     raw = {
-        "name": "tiny", "seed": 0,
+        "name": "tiny",
+        "seed": 0,
         "data": {"name": "digits", "max_train_samples": 400, "max_val_samples": 120, "batch_size": 32},
         "model": {"name": "cifar_resnet8", "kwargs": {"width": 0.25}},
         "stages": [
-            {"name": "baseline", "type": "train", "epochs": 3, "optimizer": "adamw", "lr": 3e-3, "target_accuracy": 0.2},
+            {
+                "name": "baseline",
+                "type": "train",
+                "epochs": 3,
+                "optimizer": "adamw",
+                "lr": 3e-3,
+                "target_accuracy": 0.2,
+            },
             {"type": "prune", "ratio": 0.5},
             {"type": "distill", "epochs": 1},
             {"type": "export"},

@@ -1,6 +1,7 @@
 """The bad-input corpus (tests/data/bad, written by its generate.py) through every reader, the
 datasets (skip and count, or fail naming the file), DataLoader workers and the CLI: each case ends
 in its own specific outcome, one line, no traceback, no hang."""
+
 from __future__ import annotations
 
 import contextlib
@@ -113,6 +114,7 @@ RECIPES = {
 @contextlib.contextmanager
 def time_limit(seconds: int, case: str):
     """Fail the case (not the session) when a reader hangs."""
+
     def stop(*_):
         raise TimeoutError(f"{case}: no outcome within {seconds} s")
 
@@ -140,7 +142,10 @@ def test_corpus_has_every_kind_of_case_and_matches_its_generator(tmp_path):
     names = generator.write_corpus(tmp_path)
     committed = json.loads((FILES / "MANIFEST.json").read_text())
     assert sorted(names) == committed
-    assert sorted(str(p.relative_to(FILES)) for p in FILES.rglob("*") if p.is_file() and p.name != "MANIFEST.json") == committed
+    assert (
+        sorted(str(p.relative_to(FILES)) for p in FILES.rglob("*") if p.is_file() and p.name != "MANIFEST.json")
+        == committed
+    )
     cases = set(EXPECTED) | {f"archives/{n}" for n in ARCHIVES} | {f"recipes/{n}.yaml" for n in RECIPES}
     assert cases | {"checkpoints/malicious.pt", "checkpoints/text_named.pt"} == set(committed)
     bad = [n for n, (outcome, _) in EXPECTED.items() if outcome == "error"] + list(ARCHIVES) + list(RECIPES)
@@ -170,13 +175,20 @@ def test_16bit_image_keeps_its_range():
 
 def test_cli_inspects_the_whole_corpus_in_one_run():
     """The real command in its own process: every file gets its row, nothing escapes as a traceback."""
-    done = subprocess.run([sys.executable, "-m", "effvision.cli", "data", "inspect", str(FILES), "--json"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "effvision.cli", "data", "inspect", str(FILES), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     # decord's C++ logger and its FFmpeg would add a line per unreadable video: the row says it all.
     assert "video_reader.cc" not in done.stderr and "moov atom" not in done.stderr, done.stderr[-2000:]
-    rows = {str(Path(r["path"]).relative_to(FILES.resolve() if Path(r["path"]).is_absolute() else FILES)): r for r in json.loads(done.stdout)}
+    rows = {
+        str(Path(r["path"]).relative_to(FILES.resolve() if Path(r["path"]).is_absolute() else FILES)): r
+        for r in json.loads(done.stdout)
+    }
     for name, (outcome, detail) in EXPECTED.items():
         assert rows[name]["ok"] == (outcome == "ok"), rows[name]
         if outcome == "error":
@@ -210,7 +222,11 @@ def test_video_dataset_skips_bad_files_in_dataloader_workers(tmp_path, capfd):
 
     videos = sorted((FILES / "videos").iterdir())
     ds = VideoDataset([(p, 0) for p in videos], ["any"], get_sampler("tsn", 4), short_side=32, on_bad_sample="skip")
-    unopenable = {n.split("/")[1] for n, (o, d) in EXPECTED.items() if n.startswith("videos/") and o == "error" and d != "decoding failed"}
+    unopenable = {
+        n.split("/")[1]
+        for n, (o, d) in EXPECTED.items()
+        if n.startswith("videos/") and o == "error" and d != "decoding failed"
+    }
     assert {Path(p).name for p, _ in ds.report.bad} == unopenable
     assert len(ds) == 4  # three good files and the one that opens but breaks while decoding
     loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2)
@@ -226,8 +242,15 @@ def test_point_dataset_skips_and_counts_or_fails_naming_the_file(tmp_path):
     from effvision.data.point_samplers import get_point_sampler
     from effvision.data.points import PointCloudDataset
 
-    card = DatasetCard(name="bad", modality="points", source="pointfolder", cache_points=64, num_points=32, mesh_points=64,
-                       cache_dir=str(tmp_path / "cache"))
+    card = DatasetCard(
+        name="bad",
+        modality="points",
+        source="pointfolder",
+        cache_points=64,
+        num_points=32,
+        mesh_points=64,
+        cache_dir=str(tmp_path / "cache"),
+    )
     files = sorted((FILES / "points").iterdir())
     ds = PointCloudDataset([(p, 0) for p in files], ["any"], get_point_sampler("fps", 32), card, on_bad_sample="skip")
     bad = {n.split("/")[1] for n, (o, _) in EXPECTED.items() if n.startswith("points/") and o == "error"}
@@ -246,15 +269,21 @@ def test_every_recipe_mistake_is_one_line(name, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "effvision-was-exploited").exists()
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["compress", "no/such/recipe.yaml"], ["no/such/recipe.yaml", "not found"]),
-    (["compress", "default", "--set", "stages.9.ratio=0.5"], ["index 9 out of range"]),
-    (["compress", "default", "--set", "data.batch_size=[1"], ["not valid YAML"]),
-    (["compress", "default", "--set", "nokey"], ["expected key.path=value"]),
-    (["compress", "default", "--set", "data.batch_size=-3"], ["data.batch_size: Input should be greater than 0"]),
-    (["data", "inspect", "no/such/folder"], ["path not found: no/such/folder"]),
-    (["study", "selection", "default", "--budgets", "[1"], ["--budgets [1: give fractions"]),
-    (["study", "selection", "default", "--methods", "el2n:keep=[", "--budgets", "0.1"], ["el2n:keep=[", "value of keep is not valid YAML"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["compress", "no/such/recipe.yaml"], ["no/such/recipe.yaml", "not found"]),
+        (["compress", "default", "--set", "stages.9.ratio=0.5"], ["index 9 out of range"]),
+        (["compress", "default", "--set", "data.batch_size=[1"], ["not valid YAML"]),
+        (["compress", "default", "--set", "nokey"], ["expected key.path=value"]),
+        (["compress", "default", "--set", "data.batch_size=-3"], ["data.batch_size: Input should be greater than 0"]),
+        (["data", "inspect", "no/such/folder"], ["path not found: no/such/folder"]),
+        (["study", "selection", "default", "--budgets", "[1"], ["--budgets [1: give fractions"]),
+        (
+            ["study", "selection", "default", "--methods", "el2n:keep=[", "--budgets", "0.1"],
+            ["el2n:keep=[", "value of keep is not valid YAML"],
+        ),
+    ],
+)
 def test_command_line_mistakes_are_one_line(argv, words, capsys):
     assert_one_line_error(main(argv), capsys.readouterr().err, *words)

@@ -1,13 +1,14 @@
 """The command line: exit codes, one-line errors (no tracebacks), and the main commands."""
+
 import json
 from pathlib import Path
 
 import torch
 import yaml
+from conftest import tiny_recipe, write_image_folder
 
 from effvision.cli import main
 from effvision.models import create_model, save_checkpoint
-from conftest import tiny_recipe, write_image_folder
 
 
 def run(capsys, *args):
@@ -80,16 +81,20 @@ def _corrupt_folder(tmp_path) -> Path:
 
 def test_corrupt_image_fails_with_its_path(tmp_path, capsys):
     root = _corrupt_folder(tmp_path)
-    raw = tiny_recipe(data={"name": "imagefolder", "root": str(root), "image_size": 16, "on_bad_sample": "fail"},
-                      stages=[{"type": "train", "epochs": 1}])
+    raw = tiny_recipe(
+        data={"name": "imagefolder", "root": str(root), "image_size": 16, "on_bad_sample": "fail"},
+        stages=[{"type": "train", "epochs": 1}],
+    )
     code, _, err = run(capsys, "compress", write_recipe(tmp_path, raw), "--run-dir", str(tmp_path / "run"))
     assert_one_line_error(code, err, "corrupt image", "corrupt.jpg")
 
 
 def test_corrupt_image_skipped_and_counted(tmp_path, capsys):
     root = _corrupt_folder(tmp_path)
-    raw = tiny_recipe(data={"name": "imagefolder", "root": str(root), "image_size": 16, "on_bad_sample": "skip", "batch_size": 8},
-                      stages=[{"type": "train", "epochs": 1}])
+    raw = tiny_recipe(
+        data={"name": "imagefolder", "root": str(root), "image_size": 16, "on_bad_sample": "skip", "batch_size": 8},
+        stages=[{"type": "train", "epochs": 1}],
+    )
     code, out, err = run(capsys, "compress", write_recipe(tmp_path, raw), "--run-dir", str(tmp_path / "run"))
     assert code == 0, err
     report = json.loads((tmp_path / "run/report.json").read_text())
@@ -161,15 +166,39 @@ def test_export_and_bench_commands(tmp_path, capsys):
     assert code == 0, err
     summary = json.loads((tmp_path / "m.onnx.parity.json").read_text())
     assert summary["max_abs_diff"] < 1e-3 and summary["top1_agreement"] == 1.0
-    code, out, err = run(capsys, "export", str(ckpt), "--precision", "int8", "--out", str(tmp_path / "q.onnx"), "--calibration-samples", "32")
+    code, out, err = run(
+        capsys,
+        "export",
+        str(ckpt),
+        "--precision",
+        "int8",
+        "--out",
+        str(tmp_path / "q.onnx"),
+        "--calibration-samples",
+        "32",
+    )
     assert code == 0, err
     assert (tmp_path / "q.onnx").stat().st_size < 0.5 * onnx_file.stat().st_size
     res = tmp_path / "bench.json"
-    code, out, err = run(capsys, "bench", str(onnx_file), "--batch", "1,4", "--repeats", "5", "--warmup", "1", "--json", str(res))
+    code, out, err = run(
+        capsys, "bench", str(onnx_file), "--batch", "1,4", "--repeats", "5", "--warmup", "1", "--json", str(res)
+    )
     assert code == 0, err
     rows = json.loads(res.read_text())["results"]
     assert [r["batch"] for r in rows] == [1, 4] and all(r["p50"] > 0 for r in rows)
-    code, out, err = run(capsys, "bench", str(ckpt), "--backend", "torch-eager,onnxruntime-cpu", "--batch", "2", "--repeats", "5", "--json", str(res))
+    code, out, err = run(
+        capsys,
+        "bench",
+        str(ckpt),
+        "--backend",
+        "torch-eager,onnxruntime-cpu",
+        "--batch",
+        "2",
+        "--repeats",
+        "5",
+        "--json",
+        str(res),
+    )
     assert code == 0, err
     assert {r["backend"] for r in json.loads(res.read_text())["results"]} == {"torch-eager", "onnxruntime-cpu"}
     code, _, err = run(capsys, "bench", str(onnx_file), "--backend", "onnxruntime-gpuu")

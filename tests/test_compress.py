@@ -1,4 +1,5 @@
 """Quantization on a small trained model: every calibration method gives a faithful int8 QDQ file."""
+
 import numpy as np
 import onnx
 import pytest
@@ -43,7 +44,9 @@ def test_reduce_range_choice_is_boolean_and_explicit_values_work(trained, tmp_pa
     data, fp32 = trained
     assert isinstance(cpu_has_vnni(), bool)
     for rr in (True, False):
-        assert quantize_onnx(fp32, tmp_path / f"q{rr}.onnx", data.train_eval_loader(range(32)), reduce_range=rr).is_file()
+        assert quantize_onnx(
+            fp32, tmp_path / f"q{rr}.onnx", data.train_eval_loader(range(32)), reduce_range=rr
+        ).is_file()
 
 
 def test_unknown_calibration_method(trained, tmp_path):

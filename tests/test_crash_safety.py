@@ -5,6 +5,7 @@ busy run folder refuses.
 The runs are `effvision compress` itself (cli.main) in processes forked from a server that has
 imported torch and effvision once, so ten kill-and-resume trials cost seconds of start-up, not
 minutes."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,8 @@ from effvision.runlock import run_lock
 
 KILLS = 10
 RECIPE = {
-    "name": "crash", "seed": 0,
+    "name": "crash",
+    "seed": 0,
     "data": {"name": "digits", "max_train_samples": 200, "max_val_samples": 100, "batch_size": 32},
     "model": {"name": "cifar_resnet8", "kwargs": {"width": 0.25}},
     "stages": [
@@ -36,12 +38,32 @@ RECIPE = {
         {"type": "prune", "ratio": 0.5},
         {"type": "export"},
         {"type": "quantize", "calibration": {"n": 32}},
-        {"type": "bench", "backends": ["onnxruntime-cpu"], "batches": [1], "warmup": 1, "repeats": 3, "roofline": False},
+        {
+            "type": "bench",
+            "backends": ["onnxruntime-cpu"],
+            "batches": [1],
+            "warmup": 1,
+            "repeats": 3,
+            "roofline": False,
+        },
     ],
 }
 STAGES = ["baseline", "prune", "export", "quantize", "bench"]
-PRELOAD = ["torch", "timm", "torch_pruning", "onnx", "onnxruntime", "onnxscript", "sklearn", "effvision.cli", "effvision.pipeline",
-           "effvision.stages", "effvision.models", "effvision.data", "effvision.report"]
+PRELOAD = [
+    "torch",
+    "timm",
+    "torch_pruning",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "sklearn",
+    "effvision.cli",
+    "effvision.pipeline",
+    "effvision.stages",
+    "effvision.models",
+    "effvision.data",
+    "effvision.report",
+]
 
 
 def _cli(argv: list[str], log: str) -> None:
@@ -64,7 +86,9 @@ def launcher(tmp_path_factory):
     recipe.write_text(yaml.safe_dump(RECIPE))
 
     def start(run_dir: Path):
-        proc = ctx.Process(target=_cli, args=(["compress", str(recipe), "--run-dir", str(run_dir)], str(run_dir) + ".log"))
+        proc = ctx.Process(
+            target=_cli, args=(["compress", str(recipe), "--run-dir", str(run_dir)], str(run_dir) + ".log")
+        )
         proc.start()
         return proc
 
@@ -138,7 +162,12 @@ def test_runs_killed_at_random_points_resume_to_a_complete_report(launcher, tmp_
     capsys.readouterr()
     code = main(["compress", str(launcher.recipe), "--run-dir", str(tmp_path / "reference")])
     err = capsys.readouterr().err.strip()
-    assert code == 1 and "is in use by another effvision run" in err and f"pid {first.pid}" in err and len(err.splitlines()) == 1, err
+    assert (
+        code == 1
+        and "is in use by another effvision run" in err
+        and f"pid {first.pid}" in err
+        and len(err.splitlines()) == 1
+    ), err
     first.join(600)
     duration = time.perf_counter() - start
     assert first.exitcode == 0, (tmp_path / "reference.log").read_text()[-2000:]

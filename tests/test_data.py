@@ -3,13 +3,13 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import SHARED, needs_shared, zip_folder
 
 from effvision.data import load_dataset
 from effvision.data.images import ImageFolderDataset
 from effvision.data.inspect import inspect_path
 from effvision.errors import EffvisionError
 from effvision.recipe import DataConfig
-from conftest import SHARED, needs_shared, zip_folder
 
 
 def test_digits_is_the_real_sklearn_set_with_a_fixed_stratified_split():
@@ -112,6 +112,7 @@ def test_real_cifar10_zip_from_shared_datasets():
 
 def _write_then_hang(root, started):
     import time
+
     from effvision.data.generated import write_once
 
     def sample(folder, label, n, rng):
@@ -127,6 +128,7 @@ def test_a_generation_killed_midway_leaves_no_folder_behind(tmp_path):
     """The next generation deletes the abandoned temporary folder; a live writer's is kept."""
     import multiprocessing
     import os
+
     from effvision.data.generated import write_once
 
     ctx = multiprocessing.get_context("fork")
@@ -140,6 +142,13 @@ def test_a_generation_killed_midway_leaves_no_folder_behind(tmp_path):
     assert len(abandoned) == 1 and (abandoned[0] / "train/a/0.txt").is_file()
     live = tmp_path / f".set.{os.getpid()}.keep"
     live.mkdir()
-    root = write_once(tmp_path / "set", {"seed": 0}, ["a"], {"train": 2}, lambda f, label, n, rng: (f / f"{n}.txt").write_text("x"), "again")
+    root = write_once(
+        tmp_path / "set",
+        {"seed": 0},
+        ["a"],
+        {"train": 2},
+        lambda f, label, n, rng: (f / f"{n}.txt").write_text("x"),
+        "again",
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "set"]
     assert sorted(p.name for p in (root / "train/a").iterdir()) == ["0.txt", "1.txt"]

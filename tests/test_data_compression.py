@@ -1,13 +1,14 @@
 """`effvision data compress`: smaller copies of image, video and point-cloud datasets that keep
 their layout and still load, with bytes and decode throughput measured; bad levels and unreadable
 files handled."""
+
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_image_folder
 from PIL import Image
 
-from conftest import write_image_folder
 from effvision.data.compression import Levels, compress_dataset
 from effvision.errors import EffvisionError
 
@@ -19,7 +20,11 @@ def test_images_shrink_keep_their_layout_and_still_load(tmp_path):
     (src / "cat" / "broken.png").write_bytes(b"\x89PNG not really")
     stats = compress_dataset(src, tmp_path / "out", Levels(max_size=20, quality=40))
     assert stats["compressed"] == 8 and [f["path"].endswith("broken.png") for f in stats["failed"]] == [True]
-    assert stats["bytes_after"] < stats["bytes_before"] and stats["decode_per_s_after"] > 0 and stats["decode_per_s_before"] > 0
+    assert (
+        stats["bytes_after"] < stats["bytes_before"]
+        and stats["decode_per_s_after"] > 0
+        and stats["decode_per_s_before"] > 0
+    )
     files = sorted((tmp_path / "out").rglob("*.jpg"))
     assert len(files) == 8 and all(max(Image.open(f).size) == 20 for f in files)
     ds = ImageFolderDataset(tmp_path / "out")
@@ -33,10 +38,17 @@ def test_video_stride_key_frames_and_size(tmp_path):
     from effvision.data.video_io import open_video
 
     (tmp_path / "src/a").mkdir(parents=True)
-    write_mp4(tmp_path / "src/a/clip.mp4", render_clip(0, np.random.default_rng(0), frames=16, size=32))  # a key frame every 8
+    write_mp4(
+        tmp_path / "src/a/clip.mp4", render_clip(0, np.random.default_rng(0), frames=16, size=32)
+    )  # a key frame every 8
     stats = compress_dataset(tmp_path / "src", tmp_path / "s2", Levels(stride=2, short_side=16, crf=30))
     v = open_video(tmp_path / "s2/a/clip.mp4")
-    assert stats["compressed"] == 1 and stats["decode_unit"] == "frames" and len(v) == 8 and v.frames([0]).shape[1:3] == (16, 16)
+    assert (
+        stats["compressed"] == 1
+        and stats["decode_unit"] == "frames"
+        and len(v) == 8
+        and v.frames([0]).shape[1:3] == (16, 16)
+    )
     assert abs(v.fps - 5) < 0.01
     compress_dataset(tmp_path / "src", tmp_path / "key", Levels(keyframes=True))
     assert len(open_video(tmp_path / "key/a/clip.mp4")) == 2
@@ -61,8 +73,12 @@ def test_bad_levels_and_destinations_are_one_line_errors(tmp_path, capsys):
     from effvision.cli import main
 
     src = write_image_folder(tmp_path / "src", per_class=1)
-    for args, msg in ((["--quality", "0"], "--quality 0"), (["--short-side", "15"], "even"), (["--format", "gif"], "choices"),
-                      (["--voxel-size", "-1"], "positive")):
+    for args, msg in (
+        (["--quality", "0"], "--quality 0"),
+        (["--short-side", "15"], "even"),
+        (["--format", "gif"], "choices"),
+        (["--voxel-size", "-1"], "positive"),
+    ):
         assert main(["data", "compress", str(src), str(tmp_path / "o"), *args]) == 1
         err = capsys.readouterr().err
         assert msg in err and len(err.strip().splitlines()) == 1, err

@@ -1,4 +1,5 @@
 """The shipped demo recipe meets its promises (the figures `make demo` prints)."""
+
 from effvision.pipeline import run_pipeline
 from effvision.recipe import load_recipe
 

@@ -2,6 +2,7 @@
 backends and precisions, device/timer/memory probes, the roofline, suites and result files.
 GPU paths run where CUDA exists and skip cleanly elsewhere; their CPU-side logic (device
 selection, timer fallback, precision switches) is tested here on the CPU."""
+
 import json
 
 import pytest
@@ -9,7 +10,6 @@ import torch
 from torch import nn
 
 from effvision.cli import main
-from effvision.device import PeakMemory, Timer, resolve_device
 from effvision.deploy import bench_model, benchmark, export_verified
 from effvision.deploy.backends import check_pair, supported_pairs
 from effvision.deploy.executorch_export import executorch_missing
@@ -17,6 +17,7 @@ from effvision.deploy.onnx_export import export_onnx, failing_operator
 from effvision.deploy.results import write_results
 from effvision.deploy.roofline import Roofline, copy_bandwidth, matmul_peak
 from effvision.deploy.torch_precision import input_dtype, math_mode, prepare_model
+from effvision.device import PeakMemory, Timer, resolve_device
 from effvision.errors import EffvisionError
 from effvision.models import create_model
 
@@ -32,7 +33,10 @@ def small_net(classes: int = 10) -> nn.Module:
 
 def loader(n: int = 48, batch: int = 16, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(batch, *SHAPE, generator=g) * 2 - 1, torch.zeros(batch, dtype=torch.long)) for _ in range(n // batch)]
+    return [
+        (torch.rand(batch, *SHAPE, generator=g) * 2 - 1, torch.zeros(batch, dtype=torch.long))
+        for _ in range(n // batch)
+    ]
 
 
 # --------------------------------------------------------------------------- device, timer, memory
@@ -96,7 +100,11 @@ def test_unsupported_pairs_list_the_supported_ones():
     with pytest.raises(EffvisionError) as err:
         check_pair("torch-eager", "int8", torch.device("cpu"))
     msg = str(err.value)
-    assert "does not run int8 on cpu" in msg and "onnxruntime-cpu: fp32, fp16, int8" in msg and "torch-compile: fp32, bf16, int8" in msg
+    assert (
+        "does not run int8 on cpu" in msg
+        and "onnxruntime-cpu: fp32, fp16, int8" in msg
+        and "torch-compile: fp32, bf16, int8" in msg
+    )
     with pytest.raises(EffvisionError, match="float8"):
         check_pair("onnxruntime-cpu", "float8", torch.device("cpu"))
     assert "float8" in supported_pairs("cuda") and "onnxruntime-cuda" in supported_pairs("cuda")
@@ -129,7 +137,9 @@ def quick_net():
 
 def test_onnx_exports_are_verified_and_figures_saved_beside(tmp_path, net):
     for precision in ("fp32", "fp16", "int8"):
-        path, fig = export_verified(net, "onnx", precision, tmp_path / f"m.{precision}.onnx", SHAPE, loader(), loader(seed=1), data="random")
+        path, fig = export_verified(
+            net, "onnx", precision, tmp_path / f"m.{precision}.onnx", SHAPE, loader(), loader(seed=1), data="random"
+        )
         saved = json.loads((tmp_path / f"m.{precision}.onnx.parity.json").read_text())
         assert saved == json.loads(json.dumps(fig)) and saved["samples"] == 48 and saved["precision"] == precision
         limit = {"fp32": 1e-4, "fp16": 5e-2, "int8": 1.0}[precision]
@@ -200,11 +210,15 @@ def test_harness_reports_latency_memory_flops_and_share_of_peak(tmp_path, quick_
     rf = Roofline("cpu")
     # ExecuTorch runs through the same harness in test_executorch_exports_run_and_agree
     pairs = [("torch-eager", "fp32"), ("onnxruntime-cpu", "fp32"), ("onnxruntime-cpu", "int8")]
-    rows = bench_model(net, SHAPE, pairs, batches=(1, 4), device="cpu", warmup=1, repeats=5, macs=1_000_000, roofline=rf)
+    rows = bench_model(
+        net, SHAPE, pairs, batches=(1, 4), device="cpu", warmup=1, repeats=5, macs=1_000_000, roofline=rf
+    )
     assert [(r["backend"], r["precision"], r["batch"]) for r in rows] == [(b, p, n) for b, p in pairs for n in (1, 4)]
     for r in rows:
         assert 0 < r["p50"] <= r["p90"] <= r["p99"] and r["timer"] == "perf_counter" and r["peak_memory"]["bytes"] > 0
-        assert r["flops_per_sample"] == 2_000_000 and r["fraction_of_peak"] == pytest.approx(r["achieved_flops_per_s"] / r["peak_flops_per_s"])
+        assert r["flops_per_sample"] == 2_000_000 and r["fraction_of_peak"] == pytest.approx(
+            r["achieved_flops_per_s"] / r["peak_flops_per_s"]
+        )
     assert rf.summary()["copy_bytes_per_s"] > 0 and rf.summary()["matmul_flops_per_s"]["fp32"] > 0
     paths = write_results([{"model": "net", **r} for r in rows], tmp_path / "out", {"note": "test"})
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -215,7 +229,15 @@ def test_harness_reports_latency_memory_flops_and_share_of_peak(tmp_path, quick_
 
 @pytest.mark.slow  # inductor compiles C++ twice: about 45 s on 2 cores
 def test_torch_compile_and_pt2e_int8_on_cpu(net):
-    rows = bench_model(net, SHAPE, [("torch-compile", "fp32"), ("torch-compile", "int8")], batches=(2,), device="cpu", warmup=1, repeats=3)
+    rows = bench_model(
+        net,
+        SHAPE,
+        [("torch-compile", "fp32"), ("torch-compile", "int8")],
+        batches=(2,),
+        device="cpu",
+        warmup=1,
+        repeats=3,
+    )
     assert [r["precision"] for r in rows] == ["fp32", "int8"] and rows[1]["quantization"].startswith("pt2e")
     assert all(r["first_call_ms"] > r["p50"] for r in rows)  # the first call compiles
 
@@ -226,11 +248,34 @@ def test_channels_last_and_bf16_on_cpu(net):
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend,precision,mode", [("torch-eager", "fp32", "default"), ("torch-eager", "tf32", "default"),
-                                                    ("torch-eager", "fp16", "default"), ("torch-compile", "bf16", "reduce-overhead")])
+@pytest.mark.parametrize(
+    "backend,precision,mode",
+    [
+        ("torch-eager", "fp32", "default"),
+        ("torch-eager", "tf32", "default"),
+        ("torch-eager", "fp16", "default"),
+        ("torch-compile", "bf16", "reduce-overhead"),
+    ],
+)
 def test_gpu_backends(net, backend, precision, mode):
-    rows = benchmark(net, SHAPE, backend, precision, (1, 8), "cuda", channels_last=True, compile_mode=mode, warmup=2, repeats=5, roofline=Roofline("cuda"), macs=1_000_000)
-    assert all(r["timer"] == "cuda-event" and r["peak_memory"]["kind"] == "cuda_max_allocated" and r["fraction_of_peak"] > 0 for r in rows)
+    rows = benchmark(
+        net,
+        SHAPE,
+        backend,
+        precision,
+        (1, 8),
+        "cuda",
+        channels_last=True,
+        compile_mode=mode,
+        warmup=2,
+        repeats=5,
+        roofline=Roofline("cuda"),
+        macs=1_000_000,
+    )
+    assert all(
+        r["timer"] == "cuda-event" and r["peak_memory"]["kind"] == "cuda_max_allocated" and r["fraction_of_peak"] > 0
+        for r in rows
+    )
 
 
 @needs_cuda
@@ -245,14 +290,44 @@ def test_gpu_torchao_quantization(precision):
 
 # --------------------------------------------------------------------------- CLI
 def test_cli_bench_bad_pair_and_plots(tmp_path, capsys):
-    code = main(["bench", "timm:mobilenetv3_small_050", "--backend", "torch-eager", "--precision", "int8", "--device", "cpu"])
+    code = main(
+        ["bench", "timm:mobilenetv3_small_050", "--backend", "torch-eager", "--precision", "int8", "--device", "cpu"]
+    )
     err = capsys.readouterr().err
-    assert code == 1 and len(err.strip().splitlines()) == 1 and "supported on cpu:" in err and "onnxruntime-cpu: fp32, fp16, int8" in err
-    code = main(["bench", "cifar_resnet8", "--backend", "onnxruntime-cpu", "--precision", "fp32,fp16", "--batch", "1,2",
-                 "--repeats", "3", "--warmup", "1", "--input-size", "3,32,32", "--out", str(tmp_path / "b")])
+    assert (
+        code == 1
+        and len(err.strip().splitlines()) == 1
+        and "supported on cpu:" in err
+        and "onnxruntime-cpu: fp32, fp16, int8" in err
+    )
+    code = main(
+        [
+            "bench",
+            "cifar_resnet8",
+            "--backend",
+            "onnxruntime-cpu",
+            "--precision",
+            "fp32,fp16",
+            "--batch",
+            "1,2",
+            "--repeats",
+            "3",
+            "--warmup",
+            "1",
+            "--input-size",
+            "3,32,32",
+            "--out",
+            str(tmp_path / "b"),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     res = json.loads((tmp_path / "b/results.json").read_text())
-    assert {(r["precision"], r["batch"]) for r in res["results"]} == {("fp32", 1), ("fp32", 2), ("fp16", 1), ("fp16", 2)}
+    assert {(r["precision"], r["batch"]) for r in res["results"]} == {
+        ("fp32", 1),
+        ("fp32", 2),
+        ("fp16", 1),
+        ("fp16", 2),
+    }
     assert res["roofline"]["copy_bytes_per_s"] > 0 and (tmp_path / "b/bench.png").is_file()
     code = main(["export", "cifar_resnet8", "--format", "executorch", "--precision", "fp16"])
     err = capsys.readouterr().err
@@ -262,22 +337,40 @@ def test_cli_bench_bad_pair_and_plots(tmp_path, capsys):
 # --------------------------------------------------------------------------- suites
 def test_suite_runs_records_failures_and_budget(tmp_path, monkeypatch):
     from conftest import write_image_folder
+
     from effvision.deploy import suite
 
-    monkeypatch.setitem(suite.SUITES, "tiny", {
-        "device": "cpu", "input_size": SHAPE, "batches": [1, 2], "channels_last": False, "warmup": 1, "repeats": 3,
-        "models": {"resnet20": "cifar_resnet20", "resnet8": "cifar_resnet8"},
-        "runs": [("onnxruntime-cpu", "fp32", None), ("onnxruntime-cpu", "int8", None), ("torch-eager", "int8", None)],
-    })
+    monkeypatch.setitem(
+        suite.SUITES,
+        "tiny",
+        {
+            "device": "cpu",
+            "input_size": SHAPE,
+            "batches": [1, 2],
+            "channels_last": False,
+            "warmup": 1,
+            "repeats": 3,
+            "models": {"resnet20": "cifar_resnet20", "resnet8": "cifar_resnet8"},
+            "runs": [
+                ("onnxruntime-cpu", "fp32", None),
+                ("onnxruntime-cpu", "int8", None),
+                ("torch-eager", "int8", None),
+            ],
+        },
+    )
     images = write_image_folder(tmp_path / "imgs", classes=("a", "b"), per_class=6, size=32)
     meta = suite.run_suite("tiny", tmp_path / "out", images=str(images), log=lambda m: None)
     res = json.loads((tmp_path / "out/results.json").read_text())
     ok = [r for r in res["results"] if not r.get("error")]
-    assert {(r["model"], r["precision"], r["batch"]) for r in ok} == {(m, p, b) for m in ("resnet20", "resnet8") for p in ("fp32", "int8") for b in (1, 2)}
+    assert {(r["model"], r["precision"], r["batch"]) for r in ok} == {
+        (m, p, b) for m in ("resnet20", "resnet8") for p in ("fp32", "int8") for b in (1, 2)
+    }
     failed = [r for r in res["results"] if r.get("error")]
     assert len(failed) == 2 and all("does not run int8 on cpu" in r["error"] for r in failed)
-    assert len(res["exports"]) == 4 and all(e["samples"] == 8 and (tmp_path / "out/artifacts" / e["model"] / (e["artifact"] + ".parity.json")).is_file()
-                                            for e in res["exports"])
+    assert len(res["exports"]) == 4 and all(
+        e["samples"] == 8 and (tmp_path / "out/artifacts" / e["model"] / (e["artifact"] + ".parity.json")).is_file()
+        for e in res["exports"]
+    )
     assert meta["models"]["resnet20"]["macs"] > 0 and "failed: " in (tmp_path / "out/results.md").read_text()
     suite.run_suite("tiny", tmp_path / "late", budget_s=1e-9, log=lambda m: None)
     late = json.loads((tmp_path / "late/results.json").read_text())["results"]
@@ -286,6 +379,7 @@ def test_suite_runs_records_failures_and_budget(tmp_path, monkeypatch):
 
 def test_suite_verifies_int8_at_the_size_a_checkpoint_was_trained_for(tmp_path):
     from conftest import write_image_folder
+
     from effvision.deploy.results import parity_table
     from effvision.deploy.suite import native_agreement
 

@@ -1,5 +1,6 @@
 """Multi-process training through torchrun (gloo on CPU): the digits recipe in two processes
 ends with identical parameters on both ranks and the accuracy of a single-process run."""
+
 import json
 import os
 import subprocess
@@ -21,8 +22,24 @@ def test_two_processes_train_digits_like_one(tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "EFFVISION_QUIET": "1", "TMPDIR": str(scratch)}
-    two = subprocess.run([sys.executable, "-m", "effvision.cli", "train", "compress/default.yaml", *SHORT, "--nproc", "2",
-                          "--run-dir", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "effvision.cli",
+            "train",
+            "compress/default.yaml",
+            *SHORT,
+            "--nproc",
+            "2",
+            "--run-dir",
+            str(tmp_path / "two"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     assert main(["train", "compress/default.yaml", *SHORT, "--run-dir", str(tmp_path / "one")]) == 0
     m2, m1 = _train_metrics(tmp_path / "two"), _train_metrics(tmp_path / "one")
@@ -33,13 +50,16 @@ def test_two_processes_train_digits_like_one(tmp_path):
     assert not list(scratch.glob("effvision-rank*"))  # rank 1's private copy of the run folder is gone
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--nproc", "999"], "--nproc 999: this machine runs at most"),
-    (["--nproc", "0"], "at least 1"),
-    (["--target-accuracy", "1.5"], r"must be in \(0, 1\]"),
-    (["--target-accuracy", "0"], r"must be in \(0, 1\]"),
-    (["--preset", "fast"], "unknown preset 'fast'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--nproc", "999"], "--nproc 999: this machine runs at most"),
+        (["--nproc", "0"], "at least 1"),
+        (["--target-accuracy", "1.5"], r"must be in \(0, 1\]"),
+        (["--target-accuracy", "0"], r"must be in \(0, 1\]"),
+        (["--preset", "fast"], "unknown preset 'fast'"),
+    ],
+)
 def test_bad_training_options_get_one_line(args, message, capsys, tmp_path):
     import re
 

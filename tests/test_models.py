@@ -1,4 +1,5 @@
 """Every registered architecture and zoo card through the conformance run, and the model utilities."""
+
 import pytest
 import torch
 
@@ -10,8 +11,12 @@ from effvision.models.zoo import list_cards
 from effvision.registry import MODELS
 
 NAMES = MODELS.names() + [c.name for c in list_cards()] + ["timm:resnet10t", "torchvision:mobilenet_v3_small"]
-VIDEO = {n for n in MODELS.names() if getattr(MODELS.get(n), "modality", "image") == "video"} | {c.name for c in list_cards("video")}
-POINTS = {n for n in MODELS.names() if getattr(MODELS.get(n), "modality", "image") == "points"} | {c.name for c in list_cards("points")}
+VIDEO = {n for n in MODELS.names() if getattr(MODELS.get(n), "modality", "image") == "video"} | {
+    c.name for c in list_cards("video")
+}
+POINTS = {n for n in MODELS.names() if getattr(MODELS.get(n), "modality", "image") == "points"} | {
+    c.name for c in list_cards("points")
+}
 
 # make test keeps effvision's own architectures and the compact cards; the rest of the sweep (the
 # 11-33M-parameter video nets, the ImageNet families) runs under `make test-all` (marker zoo).
@@ -54,6 +59,7 @@ def _conformance_of(builder, tmp_path):
 
 def test_conformance_reports_the_failing_step(tmp_path):
     """A model whose export cannot work fails at `export`, with the reason in one line."""
+
     class Sampler(_TinyNet):  # random sampling inside the network: refused before export
         export_blocker = "torch.multinomial: sampling inside the network"
 
@@ -92,11 +98,14 @@ def test_card_params_and_macs_are_what_the_model_has(card):
 
 def test_macs_count_subclassed_layers():
     """torchvision's video nets use subclasses of nn.Conv3d: they are counted, not free."""
+
     class MyConv(torch.nn.Conv3d):
         pass
 
     plain, sub = torch.nn.Conv3d(3, 8, 3, padding=1), MyConv(3, 8, 3, padding=1)
-    assert count_macs(sub, [3, 4, 8, 8]) == count_macs(plain, [3, 4, 8, 8]) >= 8 * 27 * 4 * 8 * 8  # (+ the bias, as torch-pruning counts)
+    assert (
+        count_macs(sub, [3, 4, 8, 8]) == count_macs(plain, [3, 4, 8, 8]) >= 8 * 27 * 4 * 8 * 8
+    )  # (+ the bias, as torch-pruning counts)
 
 
 def test_pruned_checkpoint_rebuilds_exactly(tmp_path):

@@ -1,15 +1,28 @@
 """The stage runner end to end on a tiny recipe: report fields, measured artifacts, resume."""
+
 import json
 
 import onnx
 import pytest
 import yaml
+from conftest import tiny_recipe
 
 from effvision.pipeline import run_pipeline
 from effvision.recipe import validate_recipe
-from conftest import tiny_recipe
 
-REPORT_STAGE_FIELDS = {"name", "type", "params", "macs", "size_bytes", "accuracy", "evaluated_with", "latency_ms", "throughput", "wall_s", "time_to_accuracy_s"}
+REPORT_STAGE_FIELDS = {
+    "name",
+    "type",
+    "params",
+    "macs",
+    "size_bytes",
+    "accuracy",
+    "evaluated_with",
+    "latency_ms",
+    "throughput",
+    "wall_s",
+    "time_to_accuracy_s",
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +50,14 @@ def test_run_folder_layout(tiny_run):
 def test_report_has_documented_fields(tiny_run):
     run_dir, report = tiny_run
     assert report == json.loads((run_dir / "report.json").read_text())
-    assert report["dataset"] == {"name": "digits", "modality": "image", "train_size": 400, "val_size": 120, "num_classes": 10, "bad_samples": 0}
+    assert report["dataset"] == {
+        "name": "digits",
+        "modality": "image",
+        "train_size": 400,
+        "val_size": 120,
+        "num_classes": 10,
+        "bad_samples": 0,
+    }
     for s in report["stages"]:
         assert REPORT_STAGE_FIELDS <= set(s), s["name"]
     assert report["artifacts"]["onnx"] == "stages/5-quantize/model.onnx"
@@ -86,11 +106,14 @@ def test_report_md_and_html_show_every_stage(tiny_run):
 def test_pareto_front_marks_the_undominated_stages():
     from effvision.report import pareto_points
 
-    report = {"stages": [
-        {"name": "a", "type": "train", "accuracy": 0.9, "latency_ms": {"p50": 10.0}, "size_bytes": 100},
-        {"name": "b", "type": "export", "accuracy": 0.8, "latency_ms": {"p50": 2.0}, "size_bytes": 300},
-        {"name": "c", "type": "quantize", "accuracy": 0.7, "latency_ms": {"p50": 5.0}, "size_bytes": 50},
-        {"name": "bench", "type": "bench", "accuracy": 0.7, "latency_ms": {"p50": 1.0}}]}
+    report = {
+        "stages": [
+            {"name": "a", "type": "train", "accuracy": 0.9, "latency_ms": {"p50": 10.0}, "size_bytes": 100},
+            {"name": "b", "type": "export", "accuracy": 0.8, "latency_ms": {"p50": 2.0}, "size_bytes": 300},
+            {"name": "c", "type": "quantize", "accuracy": 0.7, "latency_ms": {"p50": 5.0}, "size_bytes": 50},
+            {"name": "bench", "type": "bench", "accuracy": 0.7, "latency_ms": {"p50": 1.0}},
+        ]
+    }
     pts = {p["name"]: p for p in pareto_points(report)}
     assert set(pts) == {"a", "b", "c"}
     assert (pts["a"]["front_latency"], pts["b"]["front_latency"], pts["c"]["front_latency"]) == (True, True, False)

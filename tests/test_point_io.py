@@ -1,5 +1,6 @@
 """Point-cloud and mesh reading (issue 5 groundwork): every shared file loads, bad files fail
 with their path."""
+
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +44,17 @@ def test_bad_point_files_name_the_file(tmp_path):
     np.arange(25, dtype=np.float32).tofile(tmp_path / "odd.bin")
     header = b"ply\nformat binary_little_endian 1.0\nelement vertex 1000\nproperty float x\nproperty float y\nproperty float z\nend_header\n"
     (tmp_path / "cut.ply").write_bytes(header + np.zeros(30, np.float32).tobytes())
-    (tmp_path / "cut_ascii.ply").write_text("ply\nformat ascii 1.0\nelement vertex 4\nproperty float x\nproperty float y\n"
-                                            "property float z\nend_header\n0 0 0\n1 1 1\n")
-    expected = {"wrong.off": "do not match", "empty.ply": "empty file", "odd.bin": "not a whole number",
-                "cut.ply": "truncated", "cut_ascii.ply": "truncated"}
+    (tmp_path / "cut_ascii.ply").write_text(
+        "ply\nformat ascii 1.0\nelement vertex 4\nproperty float x\nproperty float y\n"
+        "property float z\nend_header\n0 0 0\n1 1 1\n"
+    )
+    expected = {
+        "wrong.off": "do not match",
+        "empty.ply": "empty file",
+        "odd.bin": "not a whole number",
+        "cut.ply": "truncated",
+        "cut_ascii.ply": "truncated",
+    }
     for name, words in expected.items():
         with pytest.raises(PointCloudError, match=words) as err:
             read_points(tmp_path / name)
@@ -66,7 +74,9 @@ def test_data_inspect_reports_points_and_meshes(tmp_path, capsys):
     np.arange(24, dtype=np.float32).tofile(tmp_path / "scan.bin")
     assert main(["data", "inspect", str(tmp_path), "--json", "--bin-width", "6"]) == 0
     rows = {Path(r["path"]).name: r for r in json.loads(capsys.readouterr().out)}
-    assert rows["m.off"]["ok"] and rows["m.off"]["mesh"] and rows["m.off"]["points"] == 4 and rows["m.off"]["faces"] == 2
+    assert (
+        rows["m.off"]["ok"] and rows["m.off"]["mesh"] and rows["m.off"]["points"] == 4 and rows["m.off"]["faces"] == 2
+    )
     assert rows["scan.bin"]["shape"] == [4, 6] and rows["scan.bin"]["kind"] == "points"
     assert not rows["empty.pcd"]["ok"] and rows["empty.pcd"]["error"] == "empty file"
 

@@ -1,6 +1,7 @@
 """The point-cloud modality: datasets and their cache, augmentations, and the generated shapes
 through the pipeline with each point network (test_models.py checks their contract, pruning and
 ONNX parity with the rest of the zoo)."""
+
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from effvision.data.cards import DatasetCard  # noqa: E402
 from effvision.errors import EffvisionError  # noqa: E402
 from effvision.recipe import DataConfig  # noqa: E402
 
+
 def _off(path: Path, scale: float, joined: bool = True) -> None:
     """A tetrahedron; `joined` writes ModelNet's defective header (`OFF4 4 0` on one line)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -23,8 +25,19 @@ def _off(path: Path, scale: float, joined: bool = True) -> None:
 
 
 def _card(tmp_path, **over) -> DatasetCard:
-    return DatasetCard(**{"name": "t", "modality": "points", "source": "pointfolder", "root": str(tmp_path / "data"),
-                          "num_points": 32, "cache_points": 64, "mesh_points": 256, "cache_dir": str(tmp_path / "cache"), **over})
+    return DatasetCard(
+        **{
+            "name": "t",
+            "modality": "points",
+            "source": "pointfolder",
+            "root": str(tmp_path / "data"),
+            "num_points": 32,
+            "cache_points": 64,
+            "mesh_points": 256,
+            "cache_dir": str(tmp_path / "cache"),
+            **over,
+        }
+    )
 
 
 def test_fps_orders_points_coarse_to_fine():
@@ -33,7 +46,7 @@ def test_fps_orders_points_coarse_to_fine():
     cloud = np.random.default_rng(0).normal(size=(2000, 3)).astype(np.float32)
     pts = get_point_sampler("fps", 256)(cloud).points
     for m in (128, 64, 32):  # every halving prefix is the farthest-point sample of the longer one
-        prefix = pts[:2 * m]
+        prefix = pts[: 2 * m]
         assert {tuple(p) for p in pts[:m]} == {tuple(p) for p in prefix[farthest_point_indices(prefix, m)]}
 
 
@@ -49,14 +62,25 @@ def test_modelnet_layout_is_cached_and_bad_files_counted(tmp_path, monkeypatch):
     card = _card(tmp_path)
     train, val = points.pointfolder(card, DataConfig(name="t"))
     assert (len(train), len(val), train.classes) == (6, 4, ["cone", "desk"])
-    assert len(train.report.bad) == 1 and "broken.off" in train.report.bad[0][0] and "do not match" in train.report.bad[0][1]
+    assert (
+        len(train.report.bad) == 1
+        and "broken.off" in train.report.bad[0][0]
+        and "do not match" in train.report.bad[0][1]
+    )
     x, y = train[0]
     assert x.shape == (32, 3) and x.dtype == np.float32 and np.abs(x).max() <= 1.0 + 1e-5 and y == 0
-    assert len(list((tmp_path / "cache/points").glob("*.npz"))) == 2 and len(list((tmp_path / "cache/points").glob("*.npy"))) == 2
+    assert (
+        len(list((tmp_path / "cache/points").glob("*.npz"))) == 2
+        and len(list((tmp_path / "cache/points").glob("*.npy"))) == 2
+    )
     # streamed from the memory-mapped cache, never loaded whole; the broken file's row is left out
     assert isinstance(train.clouds, np.memmap) and len(train.clouds) == 7 and len(train.rows) == 6
     summary = train.summary()
-    assert summary["points_per_sample"] == 32 and summary["bytes_per_sample"] == 32 * 3 * 4 and summary["source_points_per_sample"] == 256
+    assert (
+        summary["points_per_sample"] == 32
+        and summary["bytes_per_sample"] == 32 * 3 * 4
+        and summary["source_points_per_sample"] == 256
+    )
 
     def no_reading(*a, **k):
         raise AssertionError("a cached dataset re-read a file")
@@ -83,7 +107,9 @@ def test_class_folders_and_annotation_lists_with_lidar_bins(tmp_path):
     assert len(train) == 4 and train[0][0].shape == (32, 4)  # xyz + intensity
     (root / "train.txt").write_text("train/car/0.bin car\ntrain/tree/0.bin tree\n")
     (root / "val.csv").write_text("path,label\nval/car/1.bin,car\n")
-    train, val = points.pointlist(card.model_copy(update={"source": "pointlist", "train": "train.txt", "val": "val.csv"}), DataConfig(name="t"))
+    train, val = points.pointlist(
+        card.model_copy(update={"source": "pointlist", "train": "train.txt", "val": "val.csv"}), DataConfig(name="t")
+    )
     assert (len(train), len(val), val.targets) == (2, 1, [0])
     with pytest.raises(EffvisionError, match="exceeds cache_points"):
         points.pointfolder(card, DataConfig(name="t", num_points=128))
@@ -105,15 +131,20 @@ def test_augmentations_turn_about_the_up_axis_and_keep_the_count():
     assert torch.equal(point_eval_transform(cloud), torch.from_numpy(cloud.T.copy()))
 
 
-TINY = {"pointnet": {"width": 0.25}, "pointnet2_ssg": {"width": 0.25, "num_centroids": (32, 8), "k": 8},
-        "dgcnn": {"width": 0.25, "k": 8, "emb": 64}}
+TINY = {
+    "pointnet": {"width": 0.25},
+    "pointnet2_ssg": {"width": 0.25, "num_centroids": (32, 8), "k": 8},
+    "dgcnn": {"width": 0.25, "k": 8, "emb": 64},
+}
 
 
 def test_sampling_inside_the_network_refuses_export_and_says_why(tmp_path):
     from effvision.deploy.onnx_export import export_onnx
     from effvision.models.factory import create_model
 
-    model = create_model("pointnet2_ssg", num_classes=3, input_size=[3, 128], **{**TINY["pointnet2_ssg"], "centroids": "fps"})
+    model = create_model(
+        "pointnet2_ssg", num_classes=3, input_size=[3, 128], **{**TINY["pointnet2_ssg"], "centroids": "fps"}
+    )
     assert model(torch.randn(2, 3, 128)).shape == (2, 3)  # it runs and trains; it only does not export
     with pytest.raises(EffvisionError, match="farthest-point sampling.*centroids: prefix"):
         export_onnx(model, tmp_path / "m.onnx")
@@ -131,23 +162,42 @@ def test_synthetic_shapes_through_the_pipeline(arch, tmp_path, monkeypatch):
 
     (tmp_path / "data").mkdir()
     card = yaml.safe_load((Path(__file__).resolve().parents[1] / "data/synthetic-shapes.yaml").read_text())
-    card.update(name="tiny-shapes", num_points=256, cache_points=512, generate={"train_per_class": 12, "val_per_class": 4, "points": 512})
+    card.update(
+        name="tiny-shapes",
+        num_points=256,
+        cache_points=512,
+        generate={"train_per_class": 12, "val_per_class": 4, "points": 512},
+    )
     (tmp_path / "data/tiny-shapes.yaml").write_text(yaml.safe_dump(card))
     monkeypatch.setenv("EFFVISION_HOME", str(tmp_path))
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(json.dumps({
-        "name": "points-tiny", "seed": 0,
-        "data": {"name": "tiny-shapes", "root": str(tmp_path / "shapes"), "batch_size": 16},
-        "model": {"name": arch, "kwargs": TINY[arch]},
-        "stages": [{"name": "baseline", "type": "train", "epochs": 2, "optimizer": "adamw", "lr": 3e-3},
-                   {"type": "prune", "ratio": 0.3}, {"type": "distill", "epochs": 1},
-                   {"type": "export"}, {"type": "quantize", "calibration": {"n": 32}}],
-    }))
+    recipe.write_text(
+        json.dumps(
+            {
+                "name": "points-tiny",
+                "seed": 0,
+                "data": {"name": "tiny-shapes", "root": str(tmp_path / "shapes"), "batch_size": 16},
+                "model": {"name": arch, "kwargs": TINY[arch]},
+                "stages": [
+                    {"name": "baseline", "type": "train", "epochs": 2, "optimizer": "adamw", "lr": 3e-3},
+                    {"type": "prune", "ratio": 0.3},
+                    {"type": "distill", "epochs": 1},
+                    {"type": "export"},
+                    {"type": "quantize", "calibration": {"n": 32}},
+                ],
+            }
+        )
+    )
     run = tmp_path / "run"
     run_pipeline(load_recipe(str(recipe)), run)
     report = json.loads((run / "report.json").read_text())
     d = report["dataset"]
-    assert d["modality"] == "points" and d["num_classes"] == len(CLASSES) and d["sampler"] == "fps" and d["train_size"] == 12 * len(CLASSES)
+    assert (
+        d["modality"] == "points"
+        and d["num_classes"] == len(CLASSES)
+        and d["sampler"] == "fps"
+        and d["train_size"] == 12 * len(CLASSES)
+    )
     assert d["points_per_sample"] == 256 and d["bytes_per_sample"] == 256 * 12 and d["source_points_per_sample"] == 512
     assert [s["name"] for s in report["stages"]] == ["baseline", "prune", "distill", "export", "quantize"]
     assert report["stages"][-1]["evaluated_with"] == "onnxruntime" and report["stages"][-1]["accuracy"] is not None
@@ -168,8 +218,18 @@ def test_shared_modelnet_meshes_make_a_dataset(tmp_path):
     rel = [f"{p.relative_to(SHARED_MODELNET)} {p.parent.name}" for p in files]
     (tmp_path / "train.txt").write_text("\n".join(rel) + "\n")
     (tmp_path / "val.txt").write_text("\n".join(rel[::2]) + "\n")
-    card = DatasetCard(name="mn", modality="points", source="pointlist", root=str(SHARED_MODELNET), train=str(tmp_path / "train.txt"),
-                       val=str(tmp_path / "val.txt"), num_points=256, cache_points=512, mesh_points=1024, cache_dir=str(tmp_path / "cache"))
+    card = DatasetCard(
+        name="mn",
+        modality="points",
+        source="pointlist",
+        root=str(SHARED_MODELNET),
+        train=str(tmp_path / "train.txt"),
+        val=str(tmp_path / "val.txt"),
+        num_points=256,
+        cache_points=512,
+        mesh_points=1024,
+        cache_dir=str(tmp_path / "cache"),
+    )
     train, _ = points.pointlist(card, DataConfig(name="mn"))
     assert len(train) == len(files) and not train.report.bad
     assert train.clouds.shape == (len(files), 512, 3) and np.isfinite(train.clouds).all()

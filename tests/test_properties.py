@@ -1,6 +1,7 @@
 """Property-based tests (hypothesis): the recipe parser and `--set` overrides, the video frame
 samplers and the point-cloud samplers keep their promises for any input, and bad user input is
 always a RecipeError (one clear line), never a raw exception."""
+
 from __future__ import annotations
 
 import copy
@@ -24,8 +25,17 @@ from effvision.data import frame_samplers
 from effvision.data.frame_samplers import get_sampler, segment_indices
 from effvision.data.point_samplers import get_point_sampler
 from effvision.data.video_io import Video
-from effvision.recipe import (DataConfig, Recipe, RecipeError, apply_overrides, apply_preset, load_recipe, parse_set,
-                              recipe_to_dict, validate_recipe)
+from effvision.recipe import (
+    DataConfig,
+    Recipe,
+    RecipeError,
+    apply_overrides,
+    apply_preset,
+    load_recipe,
+    parse_set,
+    recipe_to_dict,
+    validate_recipe,
+)
 from effvision.registry import SAMPLERS, STAGES
 
 # Reproducible in CI: the same examples every run, no example database, and a failure prints
@@ -45,31 +55,146 @@ def same(a, b) -> bool:
 # ============================================================================ strategies: recipes
 # Fragments that steer the text toward YAML's sharp corners: tags whose constructors raise
 # ValueError/AttributeError, implicit timestamps, flow collections, anchors, odd digits.
-YAML_BITS = ["!!int ", "!!float ", "!!bool ", "!!timestamp ", "!!binary ", "!!str ", "!!set ", "!!omap ", "!!python/name:os.system ",
-             "!!python/object/apply:os.system ", "2020-13-01", "2001-12-14t21:59:43.10-05:00", "1e-4", "0x1F", "0o17", "0b101", "1_000",
-             "190:20:30", ".inf", ".nan", "~", "null", "yes", "no", "on", "[", "]", "{", "}", ",", ":", ": ", "- ", "&a ", "*a", "? ", "'",
-             '"', "#", "|", ">", "\n", "\t", " ", "=", ".", "%YAML 1.1\n", "---", "...", "\x00", "\ufeff", "\\", "1" * 5000]
+YAML_BITS = [
+    "!!int ",
+    "!!float ",
+    "!!bool ",
+    "!!timestamp ",
+    "!!binary ",
+    "!!str ",
+    "!!set ",
+    "!!omap ",
+    "!!python/name:os.system ",
+    "!!python/object/apply:os.system ",
+    "2020-13-01",
+    "2001-12-14t21:59:43.10-05:00",
+    "1e-4",
+    "0x1F",
+    "0o17",
+    "0b101",
+    "1_000",
+    "190:20:30",
+    ".inf",
+    ".nan",
+    "~",
+    "null",
+    "yes",
+    "no",
+    "on",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ":",
+    ": ",
+    "- ",
+    "&a ",
+    "*a",
+    "? ",
+    "'",
+    '"',
+    "#",
+    "|",
+    ">",
+    "\n",
+    "\t",
+    " ",
+    "=",
+    ".",
+    "%YAML 1.1\n",
+    "---",
+    "...",
+    "\x00",
+    "\ufeff",
+    "\\",
+    "1" * 5000,
+]
 yamlish = st.lists(st.one_of(st.sampled_from(YAML_BITS), st.text(max_size=4)), max_size=10).map("".join)
-KEY_BITS = ["stages", "data", "model", "name", "type", "ratio", "epochs", "kwargs", "presets", "0", "1", "-1", "7", "train", "prune",
-            "", " ", "²", "٣", "--1", "-", "1" * 30, "1" * 5000]
+KEY_BITS = [
+    "stages",
+    "data",
+    "model",
+    "name",
+    "type",
+    "ratio",
+    "epochs",
+    "kwargs",
+    "presets",
+    "0",
+    "1",
+    "-1",
+    "7",
+    "train",
+    "prune",
+    "",
+    " ",
+    "²",
+    "٣",
+    "--1",
+    "-",
+    "1" * 30,
+    "1" * 5000,
+]
 key_paths = st.lists(st.one_of(st.sampled_from(KEY_BITS), st.text(max_size=4)), min_size=1, max_size=4).map(".".join)
-set_items = st.one_of(st.text(), yamlish, st.tuples(key_paths, yamlish).map("=".join), st.tuples(key_paths, st.text()).map("=".join))
+set_items = st.one_of(
+    st.text(), yamlish, st.tuples(key_paths, yamlish).map("=".join), st.tuples(key_paths, st.text()).map("=".join)
+)
 
-PLAUSIBLE_KEYS = ["name", "data", "model", "stages", "type", "ratio", "epochs", "lr", "seed", "device", "batch_size", "kwargs",
-                  "presets", "description", "root", "sampler", "0", "a", "b"]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8),
-                    st.sampled_from(sorted(STAGES.names())))
+PLAUSIBLE_KEYS = [
+    "name",
+    "data",
+    "model",
+    "stages",
+    "type",
+    "ratio",
+    "epochs",
+    "lr",
+    "seed",
+    "device",
+    "batch_size",
+    "kwargs",
+    "presets",
+    "description",
+    "root",
+    "sampler",
+    "0",
+    "a",
+    "b",
+]
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.sampled_from(sorted(STAGES.names())),
+)
 dict_keys = st.one_of(st.sampled_from(PLAUSIBLE_KEYS), st.text(max_size=6))
-json_like = st.recursive(scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(dict_keys, c, max_size=4), max_leaves=16)
+json_like = st.recursive(
+    scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(dict_keys, c, max_size=4), max_leaves=16
+)
 stage_like = st.one_of(
-    st.fixed_dictionaries({"type": st.sampled_from(STAGES.names())},
-                          optional={"name": st.sampled_from(["a", "b", "train", "prune"]), "ratio": json_like, "epochs": json_like}),
-    json_like)
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(STAGES.names())},
+        optional={"name": st.sampled_from(["a", "b", "train", "prune"]), "ratio": json_like, "epochs": json_like},
+    ),
+    json_like,
+)
 raw_recipes = st.dictionaries(dict_keys, json_like, max_size=6) | st.fixed_dictionaries(
-    {"model": st.one_of(st.fixed_dictionaries({"name": st.text(max_size=8)}), json_like),
-     "stages": st.lists(stage_like, max_size=4)},
-    optional={"name": json_like, "data": st.one_of(st.fixed_dictionaries({}, optional={"name": scalars, "batch_size": scalars}), json_like),
-              "seed": scalars, "device": scalars, "presets": json_like, "bogus": scalars})
+    {
+        "model": st.one_of(st.fixed_dictionaries({"name": st.text(max_size=8)}), json_like),
+        "stages": st.lists(stage_like, max_size=4),
+    },
+    optional={
+        "name": json_like,
+        "data": st.one_of(st.fixed_dictionaries({}, optional={"name": scalars, "batch_size": scalars}), json_like),
+        "seed": scalars,
+        "device": scalars,
+        "presets": json_like,
+        "bogus": scalars,
+    },
+)
 
 
 def _optional(annotation):
@@ -87,18 +212,26 @@ def field_strategy(field, text: bool) -> st.SearchStrategy | None:
     when `text`), from its annotation and Field(gt=, ge=, lt=, le=) bounds; None for the rest
     (those keep their default)."""
     ann, optional = _optional(field.annotation)
-    bound = {k: getattr(m, k) for m in field.metadata for k in ("gt", "ge", "lt", "le") if getattr(m, k, None) is not None}
+    bound = {
+        k: getattr(m, k) for m in field.metadata for k in ("gt", "ge", "lt", "le") if getattr(m, k, None) is not None
+    }
     if typing.get_origin(ann) is typing.Literal:
         base = st.sampled_from(typing.get_args(ann))
     elif ann is bool:
         base = st.booleans()
     elif ann is int:
-        lo = bound["ge"] if "ge" in bound else bound["gt"] + 1 if "gt" in bound else -10**9
+        lo = bound["ge"] if "ge" in bound else bound["gt"] + 1 if "gt" in bound else -(10**9)
         hi = bound["le"] if "le" in bound else bound["lt"] - 1 if "lt" in bound else 10**9
         base = st.integers(lo, hi)
     elif ann is float:
-        base = st.floats(min_value=bound.get("gt", bound.get("ge", -1e9)), max_value=bound.get("lt", bound.get("le", 1e9)),
-                         exclude_min="gt" in bound, exclude_max="lt" in bound, allow_nan=False, allow_infinity=False)
+        base = st.floats(
+            min_value=bound.get("gt", bound.get("ge", -1e9)),
+            max_value=bound.get("lt", bound.get("le", 1e9)),
+            exclude_min="gt" in bound,
+            exclude_max="lt" in bound,
+            allow_nan=False,
+            allow_infinity=False,
+        )
     elif ann is str and text and not field.is_required():
         base = st.text(max_size=10)
     else:
@@ -109,7 +242,9 @@ def field_strategy(field, text: bool) -> st.SearchStrategy | None:
 def config_values(cls, skip=("type", "name"), text: bool = False) -> st.SearchStrategy[dict]:
     """A dict of valid values for any subset of cls's simple fields; str fields only with `text`
     (stage configs check theirs against registries: selector, format, backends)."""
-    optional = {k: s for k, f in cls.model_fields.items() if k not in skip and (s := field_strategy(f, text)) is not None}
+    optional = {
+        k: s for k, f in cls.model_fields.items() if k not in skip and (s := field_strategy(f, text)) is not None
+    }
     return st.fixed_dictionaries({}, optional=optional)
 
 
@@ -129,13 +264,19 @@ def valid_recipes(draw) -> dict:
         for i, s in enumerate(stages):
             s["name"] = f"{s['type']}{i}"
     return {
-        "name": draw(st.text(max_size=10)), "description": draw(st.text(max_size=10)), "seed": draw(st.integers(-2**31, 2**31)),
+        "name": draw(st.text(max_size=10)),
+        "description": draw(st.text(max_size=10)),
+        "seed": draw(st.integers(-(2**31), 2**31)),
         "device": draw(st.sampled_from(["auto", "cpu", "cuda"])),
         "data": draw(config_values(DataConfig, skip=(), text=True)),
-        "model": {"name": draw(st.text(min_size=1, max_size=10)),
-                  "kwargs": draw(st.dictionaries(st.text(max_size=5), scalars, max_size=3))},
+        "model": {
+            "name": draw(st.text(min_size=1, max_size=10)),
+            "kwargs": draw(st.dictionaries(st.text(max_size=5), scalars, max_size=3)),
+        },
         "stages": stages,
-        "presets": draw(st.dictionaries(st.text(max_size=5), st.dictionaries(key_paths, scalars, max_size=2), max_size=2)),
+        "presets": draw(
+            st.dictionaries(st.text(max_size=5), st.dictionaries(key_paths, scalars, max_size=2), max_size=2)
+        ),
     }
 
 
@@ -148,7 +289,9 @@ def resolve_path(raw, keys: list[str]) -> list:
             if re.fullmatch(r"-?[0-9]+", key):
                 idx = int(key)
             else:
-                idx = next(i for i, s in enumerate(node) if isinstance(s, dict) and (s.get("name") or s.get("type")) == key)
+                idx = next(
+                    i for i, s in enumerate(node) if isinstance(s, dict) and (s.get("name") or s.get("type")) == key
+                )
             out.append(idx)
             node = node[idx]
         else:
@@ -183,7 +326,9 @@ def test_parse_set_returns_keys_and_value_or_a_recipe_error(item):
         return
     key, text = item.split("=", 1)
     assert key.strip() and keys == key.strip().split(".") and all(isinstance(k, str) for k in keys)
-    assert same(value, yamlio.load(text) if text else None)  # the value is exactly what a recipe file would make of the text
+    assert same(
+        value, yamlio.load(text) if text else None
+    )  # the value is exactly what a recipe file would make of the text
 
 
 @settings(max_examples=300)
@@ -191,14 +336,24 @@ def test_parse_set_returns_keys_and_value_or_a_recipe_error(item):
 def test_effvision_yaml_departs_from_yaml_1_1_only_to_read_exponents_as_floats(text):
     ours, theirs = yamlio.load(text), yaml.safe_load(text)
     if not same(ours, theirs):
-        assert isinstance(theirs, str) and "e" in text.lower() and isinstance(ours, float) and ours == float(text.replace("_", ""))
+        assert (
+            isinstance(theirs, str)
+            and "e" in text.lower()
+            and isinstance(ours, float)
+            and ours == float(text.replace("_", ""))
+        )
     assert same(yamlio.load(yamlio.dump(theirs)), theirs)  # a string that looks like a number is quoted when written
 
 
 @settings(max_examples=120)
-@given(raw=st.dictionaries(dict_keys, json_like, max_size=5) | st.fixed_dictionaries({"stages": st.lists(stage_like, max_size=4)}),
-       sets=st.lists(st.one_of(set_items, st.tuples(key_paths, st.sampled_from(["1", "x", "[1, 2]", "{a: 1}", "~"])).map("=".join)),
-                     max_size=3))
+@given(
+    raw=st.dictionaries(dict_keys, json_like, max_size=5)
+    | st.fixed_dictionaries({"stages": st.lists(stage_like, max_size=4)}),
+    sets=st.lists(
+        st.one_of(set_items, st.tuples(key_paths, st.sampled_from(["1", "x", "[1, 2]", "{a: 1}", "~"])).map("=".join)),
+        max_size=3,
+    ),
+)
 @example(raw={"stages": [{"type": "train"}] * 3}, sets=["stages.²=1"])  # a digit int() refuses
 @example(raw={"stages": [{"type": "train"}] * 3}, sets=["stages.--1=1"])
 @example(raw={"stages": [{"type": "train"}] * 3}, sets=["stages." + "1" * 5000 + "=1"])
@@ -220,21 +375,35 @@ def test_apply_overrides_applies_or_raises_recipe_error_and_never_mutates(raw, s
 
 
 @settings(max_examples=100)
-@given(value=st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), st.none(), st.text(),
-                       st.text(alphabet=st.characters(codec="ascii", categories=["L", "N"]), min_size=1)),
-       path=st.lists(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), min_size=1, max_size=3))
+@given(
+    value=st.one_of(
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.booleans(),
+        st.none(),
+        st.text(),
+        st.text(alphabet=st.characters(codec="ascii", categories=["L", "N"]), min_size=1),
+    ),
+    path=st.lists(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), min_size=1, max_size=3),
+)
 def test_set_value_round_trips_through_its_yaml(value, path):
     out = apply_overrides({}, [f"{'.'.join(path)}={yamlio.dump(value)}"])
     assert lookup(out, path) == value and type(lookup(out, path)) is type(value)
 
 
 @settings(max_examples=100)
-@given(i=st.integers(), b=st.booleans(), lr=st.floats(min_value=1e-12, max_value=1e6, exclude_min=True),
-       ratio=st.floats(0, 1, exclude_min=True, exclude_max=True))
+@given(
+    i=st.integers(),
+    b=st.booleans(),
+    lr=st.floats(min_value=1e-12, max_value=1e6, exclude_min=True),
+    ratio=st.floats(0, 1, exclude_min=True, exclude_max=True),
+)
 def test_set_as_typed_on_the_command_line_reaches_the_typed_stage(i, b, lr, ratio):
     """`--set` as people type it (repr gives 1e-05: a float to effvision's YAML, as to YAML 1.2)."""
     raw = {"model": {"name": "m"}, "stages": [{"type": "train"}, {"type": "prune"}]}
-    r = load_overrides(raw, [f"seed={i}", f"stages.train.lr={lr!r}", f"stages.train.ema={str(b).lower()}", f"stages.1.ratio={ratio!r}"])
+    r = load_overrides(
+        raw, [f"seed={i}", f"stages.train.lr={lr!r}", f"stages.train.ema={str(b).lower()}", f"stages.1.ratio={ratio!r}"]
+    )
     assert (r.seed, r.stages[0].lr, r.stages[0].ema, r.stages[1].ratio) == (i, lr, b, ratio)
 
 
@@ -244,10 +413,16 @@ def load_overrides(raw: dict, sets: list[str]) -> Recipe:
 
 # ============================================================================ recipes: presets
 @settings(max_examples=100)
-@given(raw=st.dictionaries(dict_keys, json_like, max_size=3),
-       presets=st.one_of(st.dictionaries(st.one_of(st.text(max_size=4), st.integers()), st.dictionaries(key_paths, json_like, max_size=3),
-                                         max_size=3), json_like),
-       name=st.sampled_from(["fast", "a", "1", ""]) | st.text(max_size=4))
+@given(
+    raw=st.dictionaries(dict_keys, json_like, max_size=3),
+    presets=st.one_of(
+        st.dictionaries(
+            st.one_of(st.text(max_size=4), st.integers()), st.dictionaries(key_paths, json_like, max_size=3), max_size=3
+        ),
+        json_like,
+    ),
+    name=st.sampled_from(["fast", "a", "1", ""]) | st.text(max_size=4),
+)
 @example(raw={}, presets={"fast": {"x": {}, "x.y": 1}}, name="fast")  # a later key writes into an earlier value
 @example(raw={}, presets={1: {}}, name="fast")  # a YAML int key among the presets
 def test_apply_preset_applies_or_raises_recipe_error_and_never_mutates(raw, presets, name):
@@ -262,7 +437,9 @@ def test_apply_preset_applies_or_raises_recipe_error_and_never_mutates(raw, pres
         out = None
     assert same(raw, before), "apply_preset changed its input"
     if out is not None:
-        assert same(apply_preset(raw, name, "r.yaml"), out), "a second application differs: the first one changed shared state"
+        assert same(apply_preset(raw, name, "r.yaml"), out), (
+            "a second application differs: the first one changed shared state"
+        )
 
 
 # ============================================================================ recipes: validation
@@ -296,10 +473,32 @@ def test_a_valid_recipe_round_trips_through_recipe_to_dict_and_yaml(raw):
 
 
 @settings(max_examples=150)
-@given(kind=st.one_of(st.sampled_from(["os.system", "__import__", "eval", "builtins.exec", "subprocess.Popen", "effvision.stages",
-                                       "Train", "train ", " prune", "TRAIN", "StageConfig", "lambda: 0"]),
-                      st.text(max_size=12), st.integers(), st.none(), st.booleans(), st.lists(st.text(max_size=3), max_size=2)),
-       index=st.integers(0, 2))
+@given(
+    kind=st.one_of(
+        st.sampled_from(
+            [
+                "os.system",
+                "__import__",
+                "eval",
+                "builtins.exec",
+                "subprocess.Popen",
+                "effvision.stages",
+                "Train",
+                "train ",
+                " prune",
+                "TRAIN",
+                "StageConfig",
+                "lambda: 0",
+            ]
+        ),
+        st.text(max_size=12),
+        st.integers(),
+        st.none(),
+        st.booleans(),
+        st.lists(st.text(max_size=3), max_size=2),
+    ),
+    index=st.integers(0, 2),
+)
 def test_an_unregistered_stage_type_is_refused_naming_the_choices(kind, index):
     assume(not (isinstance(kind, str) and kind in STAGES))  # registered names: covered by the round trip
     stages = [{"type": "export", "name": f"e{i}"} for i in range(index)] + [{"type": kind}]
@@ -311,8 +510,11 @@ def test_an_unregistered_stage_type_is_refused_naming_the_choices(kind, index):
 
 
 @settings(max_examples=40)
-@given(text=st.one_of(yamlish, st.binary(max_size=40)), sets=st.lists(set_items, max_size=2),
-       preset=st.none() | st.sampled_from(["fast", "x"]))
+@given(
+    text=st.one_of(yamlish, st.binary(max_size=40)),
+    sets=st.lists(set_items, max_size=2),
+    preset=st.none() | st.sampled_from(["fast", "x"]),
+)
 @example(text=b"\xff\xfe\x00binary", sets=[], preset=None)  # not UTF-8 text
 @example(text="when: 2020-13-01\n", sets=[], preset=None)  # a date that does not exist
 @example(text="presets: {1: {seed: 2}}\nmodel: {name: m}\n", sets=[], preset="fast")
@@ -354,29 +556,46 @@ class FakeVideo(Video):
     def frames(self, indices: list[int]) -> np.ndarray:
         assert all(0 <= i < self.n for i in indices), "a sampler asked for a frame outside the video"
         self.decoded += len(set(indices))
-        return np.broadcast_to(self.grey[np.asarray(indices, dtype=np.int64)][:, None, None, None], (len(indices), 2, 2, 3)).copy()
+        return np.broadcast_to(
+            self.grey[np.asarray(indices, dtype=np.int64)][:, None, None, None], (len(indices), 2, 2, 3)
+        ).copy()
 
 
 @st.composite
 def videos(draw) -> FakeVideo:
     n = draw(st.one_of(st.integers(1, 80), st.integers(1, 5000)))
-    keys = draw(st.one_of(st.just([0]), st.lists(st.integers(0, n - 1), min_size=1, max_size=40, unique=True).map(sorted),
-                          st.integers(1, max(1, n)).map(lambda step: list(range(0, n, step)))))
+    keys = draw(
+        st.one_of(
+            st.just([0]),
+            st.lists(st.integers(0, n - 1), min_size=1, max_size=40, unique=True).map(sorted),
+            st.integers(1, max(1, n)).map(lambda step: list(range(0, n, step))),
+        )
+    )
     return FakeVideo(n, keys, draw(st.integers(1, 6)), draw(st.integers(0, 2**16)))
 
 
 def sampler_options(name: str) -> st.SearchStrategy[dict]:
-    return {"dense": st.fixed_dictionaries({}, optional={"stride": st.integers(1, 8)}),
-            "motion": st.fixed_dictionaries({}, optional={"max_scan": st.integers(1, 300)})}.get(name, st.just({}))
+    return {
+        "dense": st.fixed_dictionaries({}, optional={"stride": st.integers(1, 8)}),
+        "motion": st.fixed_dictionaries({}, optional={"max_scan": st.integers(1, 300)}),
+    }.get(name, st.just({}))
 
 
 @pytest.mark.parametrize("name", VIDEO_SAMPLERS)
 @settings(max_examples=80)
-@given(data=st.data(), video=videos(), k=st.integers(1, 64), train=st.booleans(), seed=st.integers(0, 2**32 - 1),
-       position=st.floats(0, 1))
+@given(
+    data=st.data(),
+    video=videos(),
+    k=st.integers(1, 64),
+    train=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+    position=st.floats(0, 1),
+)
 def test_every_frame_sampler_gives_k_indices_inside_the_clip(name, data, video, k, train, seed, position):
     sampler = get_sampler(name, k, **data.draw(sampler_options(name)))
-    with mock.patch.object(frame_samplers, "open_video", lambda *a, **kw: video):  # motion's low-res scan: the same fake
+    with mock.patch.object(
+        frame_samplers, "open_video", lambda *a, **kw: video
+    ):  # motion's low-res scan: the same fake
         idx, scanned = sampler.select(video, train, np.random.default_rng(seed), position)
         again, _ = sampler.select(video, train, np.random.default_rng(seed), position)
         other, _ = sampler.select(video, train, np.random.default_rng(seed + 1), position)
@@ -396,7 +615,9 @@ def test_every_frame_sampler_gives_k_indices_inside_the_clip(name, data, video, 
 
 
 @settings(max_examples=200)
-@given(n=st.integers(1, 5000), k=st.integers(1, 64), position=st.floats(0, 1, exclude_max=True), seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(1, 5000), k=st.integers(1, 64), position=st.floats(0, 1, exclude_max=True), seed=st.integers(0, 2**16)
+)
 def test_segment_indices_take_one_frame_per_segment(n, k, position, seed):
     rng = np.random.default_rng(seed)
     for idx in (segment_indices(n, k, True, rng), segment_indices(n, k, False, rng, position)):
@@ -421,7 +642,12 @@ def clouds(draw) -> np.ndarray:
 
 @pytest.mark.parametrize("name", POINT_SAMPLERS)
 @settings(max_examples=15)
-@given(points=clouds(), k=st.one_of(st.integers(1, 64), st.integers(1, 2048)), train=st.booleans(), seed=st.integers(0, 2**32 - 1))
+@given(
+    points=clouds(),
+    k=st.one_of(st.integers(1, 64), st.integers(1, 2048)),
+    train=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_every_point_sampler_returns_k_input_points(name, points, k, train, seed):
     sampler = get_point_sampler(name, k)
     out = sampler(points, train, np.random.default_rng(seed))

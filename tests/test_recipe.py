@@ -1,10 +1,10 @@
 import pytest
 import yaml
-
-from effvision.recipe import RecipeError, apply_overrides, load_recipe, recipe_to_dict, validate_recipe
-import effvision.stages  # noqa: F401  (populates STAGES for parametrize)
-from effvision.registry import STAGES
 from conftest import tiny_recipe
+
+import effvision.stages  # noqa: F401  (populates STAGES for parametrize)
+from effvision.recipe import RecipeError, apply_overrides, load_recipe, recipe_to_dict, validate_recipe
+from effvision.registry import STAGES
 
 
 def write(tmp_path, raw) -> str:

@@ -34,9 +34,9 @@ def test_unknown_name_lists_close_matches():
 
 def test_builtin_registries_are_populated():
     import effvision.data  # noqa: F401
+    import effvision.deploy  # noqa: F401
     import effvision.models  # noqa: F401
     import effvision.stages  # noqa: F401
-    import effvision.deploy  # noqa: F401
 
     assert {"train", "prune", "distill", "export", "quantize", "bench"} <= set(STAGES.names())
     assert {"digits", "imagefolder"} <= set(DATASETS.names())

@@ -1,6 +1,7 @@
 """Data efficiency: the selectors (on known signals and on every modality), the select stage and
 its resume, selective backprop and weighted coresets in the one loop, calibration selection,
 and clear errors for bad budgets and unknown selectors."""
+
 import json
 
 import numpy as np
@@ -16,8 +17,14 @@ def _signals(n=120, c=4, d=8, seed=0) -> Signals:
     rng = np.random.default_rng(seed)
     t = np.arange(n) % c
     probs = rng.dirichlet(np.ones(c), n).astype(np.float32)
-    return Signals(t, c, rng.standard_normal((n, d)).astype(np.float32), probs, np.linalg.norm(probs - np.eye(c)[t], axis=1),
-                   rng.integers(0, 4, n).astype(float))
+    return Signals(
+        t,
+        c,
+        rng.standard_normal((n, d)).astype(np.float32),
+        probs,
+        np.linalg.norm(probs - np.eye(c)[t], axis=1),
+        rng.integers(0, 4, n).astype(float),
+    )
 
 
 def test_class_quota_is_proportional_and_sums_to_the_budget():
@@ -58,7 +65,9 @@ def test_herding_matches_the_class_mean_better_than_random():
     unit = s.embeddings / np.linalg.norm(s.embeddings, axis=1, keepdims=True)
 
     def gap(idx):
-        return sum(np.linalg.norm(unit[idx][s.targets[idx] == c].mean(0) - unit[s.targets == c].mean(0)) for c in range(2))
+        return sum(
+            np.linalg.norm(unit[idx][s.targets[idx] == c].mean(0) - unit[s.targets == c].mean(0)) for c in range(2)
+        )
 
     herd = gap(select("herding", s, 20).indices)
     assert herd < min(gap(select("random", s, 20, seed=k).indices) for k in range(5))
@@ -88,8 +97,17 @@ def test_forgetting_counter_counts_lost_samples_and_never_learned_ones():
     assert c.counts().tolist() == [2.0, 0.0, np.inf]
 
 
-@pytest.mark.parametrize("budget,msg", [(0, "between 1 and"), (0.0, r"in \(0, 1\]"), (-0.2, r"in \(0, 1\]"), (1.5, r"in \(0, 1\]"),
-                                        (121, "between 1 and the dataset size"), ("half", "fraction")])
+@pytest.mark.parametrize(
+    "budget,msg",
+    [
+        (0, "between 1 and"),
+        (0.0, r"in \(0, 1\]"),
+        (-0.2, r"in \(0, 1\]"),
+        (1.5, r"in \(0, 1\]"),
+        (121, "between 1 and the dataset size"),
+        ("half", "fraction"),
+    ],
+)
 def test_bad_budgets_are_clear_errors(budget, msg):
     with pytest.raises(EffvisionError, match=msg):
         resolve_budget(budget, 120)
@@ -107,31 +125,47 @@ def _image_data():
     from effvision.data import load_dataset
     from effvision.recipe import DataConfig
 
-    return load_dataset(DataConfig(name="digits", max_train_samples=40, max_val_samples=20, batch_size=8)), "cifar_resnet8", {"width": 0.25}
+    return (
+        load_dataset(DataConfig(name="digits", max_train_samples=40, max_val_samples=20, batch_size=8)),
+        "cifar_resnet8",
+        {"width": 0.25},
+    )
 
 
 def _video_data(tmp_path, monkeypatch):
-    from test_video import _video_tree, _video_config
+    from test_video import _video_config, _video_tree
 
     from effvision.data import load_dataset
     from effvision.data.cards import DatasetCard
 
-    card = DatasetCard(name="videofolder", modality="video", source="videofolder", image_size=32, num_frames=4, hflip=False)
+    card = DatasetCard(
+        name="videofolder", modality="video", source="videofolder", image_size=32, num_frames=4, hflip=False
+    )
     monkeypatch.setattr("effvision.data.get_card", lambda name: card)
-    return load_dataset(_video_config(_video_tree(tmp_path, bad=False))), "tsm", {"backbone": "cifar_resnet8", "width": 0.25}
+    return (
+        load_dataset(_video_config(_video_tree(tmp_path, bad=False))),
+        "tsm",
+        {"backbone": "cifar_resnet8", "width": 0.25},
+    )
 
 
 def _points_data(tmp_path, monkeypatch):
     pytest.importorskip("open3d", exc_type=ImportError, reason="open3d (or libusb-1.0) is not available")
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     from effvision.data import load_dataset
     from effvision.recipe import DataConfig
 
     (tmp_path / "data").mkdir()
     card = yaml.safe_load((Path(__file__).resolve().parents[1] / "data/synthetic-shapes.yaml").read_text())
-    card.update(name="tiny-shapes", num_points=64, cache_points=128, generate={"train_per_class": 3, "val_per_class": 1, "points": 128})
+    card.update(
+        name="tiny-shapes",
+        num_points=64,
+        cache_points=128,
+        generate={"train_per_class": 3, "val_per_class": 1, "points": 128},
+    )
     (tmp_path / "data/tiny-shapes.yaml").write_text(yaml.safe_dump(card))
     monkeypatch.setenv("EFFVISION_HOME", str(tmp_path))
     data = load_dataset(DataConfig(name="tiny-shapes", root=str(tmp_path / "shapes"), batch_size=8))
@@ -145,11 +179,18 @@ def test_every_selector_works_on_every_modality(modality, tmp_path, monkeypatch)
     from effvision.compress.selection import ProxyConfig, score
     from effvision.models import create_model
 
-    data, arch, kwargs = {"image": lambda: _image_data(), "video": lambda: _video_data(tmp_path, monkeypatch),
-                          "points": lambda: _points_data(tmp_path, monkeypatch)}[modality]()
-    scored = score(data, SELECTORS.names(), ProxyConfig(epochs=2), lambda: create_model(arch, num_classes=data.num_classes,
-                                                                                          input_size=data.input_size, **kwargs),
-                   torch.device("cpu"))
+    data, arch, kwargs = {
+        "image": lambda: _image_data(),
+        "video": lambda: _video_data(tmp_path, monkeypatch),
+        "points": lambda: _points_data(tmp_path, monkeypatch),
+    }[modality]()
+    scored = score(
+        data,
+        SELECTORS.names(),
+        ProxyConfig(epochs=2),
+        lambda: create_model(arch, num_classes=data.num_classes, input_size=data.input_size, **kwargs),
+        torch.device("cpu"),
+    )
     s = scored.signals
     assert scored.proxy_train_s > 0 and s.embeddings.shape[0] == len(data.train) == s.probs.shape[0]
     assert np.allclose(s.probs.sum(1), 1, atol=1e-4) and s.forgetting is not None
@@ -177,7 +218,9 @@ def test_selective_backprop_trains_on_the_hardest_fraction(monkeypatch):
     monkeypatch.setattr(loop, "hardest", lambda losses, f: kept.append((losses, real(losses, f))) or kept[-1][1])
     model = create_model("cifar_resnet8", width=0.25)
     model.register_forward_pre_hook(lambda m, args: trained.append(len(args[0])) if torch.is_grad_enabled() else None)
-    res = loop.fit(model, data, TrainSettings(epochs=2, hard_fraction=0.25, optimizer="adamw", lr=3e-3), torch.device("cpu"))
+    res = loop.fit(
+        model, data, TrainSettings(epochs=2, hard_fraction=0.25, optimizer="adamw", lr=3e-3), torch.device("cpu")
+    )
     assert res.history and len(kept) == len(trained) == 2 * (len(data.train) // 8)
     for (losses, k), n in zip(kept, trained):
         rest = torch.ones(len(losses), dtype=torch.bool)
@@ -205,24 +248,31 @@ def test_uniform_weights_train_exactly_like_no_weights():
 def _recipe(tmp_path, **select_over):
     from conftest import tiny_recipe
 
-    raw = tiny_recipe(stages=[{"type": "select", "selector": "kcenter", "budget": 100, "proxy": {"epochs": 1}, **select_over},
-                              {"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3, "hard_fraction": 0.5},
-                              {"type": "quantize", "calibration": {"selector": "kcenter", "n": 32}}])
+    raw = tiny_recipe(
+        stages=[
+            {"type": "select", "selector": "kcenter", "budget": 100, "proxy": {"epochs": 1}, **select_over},
+            {"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3, "hard_fraction": 0.5},
+            {"type": "quantize", "calibration": {"selector": "kcenter", "n": 32}},
+        ]
+    )
     path = tmp_path / "r.yaml"
     path.write_text(json.dumps(raw))
     return path
 
 
 def test_select_stage_trains_later_stages_on_the_subset_and_resumes(tmp_path):
+    from effvision.fileio import read_json
     from effvision.pipeline import RunContext, run_pipeline
     from effvision.recipe import load_recipe
-    from effvision.fileio import read_json
 
     recipe = load_recipe(str(_recipe(tmp_path)))
     report = run_pipeline(recipe, tmp_path / "run")
     sel = report["stages"][0]
     assert sel["type"] == "select" and sel["selected"] == 100 and sel["of"] == 400 and sel["accuracy"] is None
-    assert report["stages"][2]["evaluated_with"] == "onnxruntime" and report["stages"][2]["calibration"]["selector"] == "kcenter"
+    assert (
+        report["stages"][2]["evaluated_with"] == "onnxruntime"
+        and report["stages"][2]["calibration"]["selector"] == "kcenter"
+    )
     saved = json.loads((tmp_path / "run/stages/1-select/selection.json").read_text())
     assert len(saved["indices"]) == 100 and "Selection (select): 100 of 400" in (tmp_path / "run/report.md").read_text()
     again = run_pipeline(recipe, tmp_path / "run")  # everything resumes
@@ -236,11 +286,17 @@ def test_bad_select_stages_are_one_line_errors(tmp_path, capsys):
     from effvision.cli import main
 
     path = _recipe(tmp_path)
-    for sets, msg in ((["stages.0.budget=0"], "budget"), (["stages.0.budget=401"], "between 1 and the dataset size (400)"),
-                      (["stages.0.budget=1.5"], r"in (0, 1]"), (["stages.0.selector=kcentre"], "did you mean 'kcenter'"),
-                      (["stages.2.calibration.selector=randm"], "did you mean 'random'"),
-                      (["stages.0.selector=forgetting"], "at least 2 epochs")):
-        code = main(["compress", str(path), "--run-dir", str(tmp_path / "bad"), *[a for s in sets for a in ("--set", s)]])
+    for sets, msg in (
+        (["stages.0.budget=0"], "budget"),
+        (["stages.0.budget=401"], "between 1 and the dataset size (400)"),
+        (["stages.0.budget=1.5"], r"in (0, 1]"),
+        (["stages.0.selector=kcentre"], "did you mean 'kcenter'"),
+        (["stages.2.calibration.selector=randm"], "did you mean 'random'"),
+        (["stages.0.selector=forgetting"], "at least 2 epochs"),
+    ):
+        code = main(
+            ["compress", str(path), "--run-dir", str(tmp_path / "bad"), *[a for s in sets for a in ("--set", s)]]
+        )
         err = capsys.readouterr().err
         assert code == 1 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (sets, err)
 
@@ -253,9 +309,13 @@ def test_calibration_scores_a_bounded_pool(monkeypatch):
     data = _image_data()[0]
     seen = []
     real = selection.embeddings_and_probs
-    monkeypatch.setattr(selection, "embeddings_and_probs", lambda m, loader, d: seen.append(len(loader.dataset)) or real(m, loader, d))
+    monkeypatch.setattr(
+        selection, "embeddings_and_probs", lambda m, loader, d: seen.append(len(loader.dataset)) or real(m, loader, d)
+    )
     model = create_model("cifar_resnet8", width=0.25)
-    idx = selection.calibration_indices(data, CalibrationConfig(selector="kcenter", n=8, pool=16), model, torch.device("cpu"), seed=2)
+    idx = selection.calibration_indices(
+        data, CalibrationConfig(selector="kcenter", n=8, pool=16), model, torch.device("cpu"), seed=2
+    )
     assert seen == [16] and len(set(idx.tolist())) == 8 and max(idx) < len(data.train)
     plain = selection.calibration_indices(data, CalibrationConfig(n=8), model, torch.device("cpu"))
     assert seen == [16] and len(plain) == 8  # class_balanced needs no model output at all

@@ -1,6 +1,7 @@
 """Training-speed options of the one loop: tensor-resident batches, whitening, mirror averaging,
 progressive sizes, step schedule, stopping at a target or a time limit, LARS/LAMB trust ratios,
 recipe presets and the time-to-accuracy runner."""
+
 import math
 from types import SimpleNamespace
 
@@ -73,12 +74,21 @@ def test_step_schedule_divides_by_ten_at_half_and_three_quarters():
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
-    assert lrs[0] == lrs[19] == 1.0 and math.isclose(lrs[20], 0.1) and math.isclose(lrs[29], 0.1) and math.isclose(lrs[30], 0.01)
+    assert (
+        lrs[0] == lrs[19] == 1.0
+        and math.isclose(lrs[20], 0.1)
+        and math.isclose(lrs[29], 0.1)
+        and math.isclose(lrs[30], 0.01)
+    )
 
 
 def test_training_stops_at_the_target_and_at_the_time_limit(digits):
-    res = fit(create_model("cifar_resnet8", width=0.25), digits,
-              TrainSettings(epochs=6, lr=0.1, target_accuracy=0.15, stop_at_target=True), CPU)
+    res = fit(
+        create_model("cifar_resnet8", width=0.25),
+        digits,
+        TrainSettings(epochs=6, lr=0.1, target_accuracy=0.15, stop_at_target=True),
+        CPU,
+    )
     assert res.stopped == "target" and len(res.history) < 6 and res.history[-1]["val_accuracy"] >= 0.15
     assert res.time_to_accuracy_s == res.history[-1]["train_s"]
     res = fit(create_model("cifar_resnet8", width=0.25), digits, TrainSettings(epochs=50, lr=0.1, max_train_s=0.3), CPU)
@@ -108,7 +118,7 @@ def test_tensor_batches_mirror_and_translate_whole_batches():
     padded = F.pad(images[idx].float(), (2, 2, 2, 2), mode="reflect")
     mirrored = 0
     for k in range(40):
-        windows = [padded[k, :, dy:dy + 8, dx:dx + 8] for dy in range(5) for dx in range(5)]
+        windows = [padded[k, :, dy : dy + 8, dx : dx + 8] for dy in range(5) for dx in range(5)]
         straight = any(torch.equal(x[k], w) for w in windows)
         flipped = any(torch.equal(x[k], w.flip(-1)) for w in windows)
         assert straight or flipped
@@ -118,7 +128,9 @@ def test_tensor_batches_mirror_and_translate_whole_batches():
 
 def test_tensor_batches_give_each_rank_its_own_share():
     images = torch.zeros(30, 3, 4, 4, dtype=torch.uint8)
-    shares = [TensorBatches(images, [0] * 30, [0] * 3, [1] * 3, 5, CPU, seed=3, translate=0, rank=r, world=2) for r in (0, 1)]
+    shares = [
+        TensorBatches(images, [0] * 30, [0] * 3, [1] * 3, 5, CPU, seed=3, translate=0, rank=r, world=2) for r in (0, 1)
+    ]
     for s in shares:
         s.set_epoch(1)
     got = [torch.cat([idx for _, _, idx in s]).tolist() for s in shares]
@@ -126,7 +138,12 @@ def test_tensor_batches_give_each_rank_its_own_share():
 
 
 def test_tensor_data_trains_like_the_dataloader(digits):
-    accs = [fit(create_model("cifar_resnet8", width=0.5), digits, TrainSettings(epochs=6, lr=0.1, tensor_data=t), CPU).accuracy for t in (False, True)]
+    accs = [
+        fit(
+            create_model("cifar_resnet8", width=0.5), digits, TrainSettings(epochs=6, lr=0.1, tensor_data=t), CPU
+        ).accuracy
+        for t in (False, True)
+    ]
     assert accs[1] > 0.7 and abs(accs[0] - accs[1]) < 0.15, accs
 
 
@@ -156,7 +173,16 @@ def test_image_tricks_train_and_mirror_averaging_is_reported(digits):
     import dataclasses
 
     mirrorable = dataclasses.replace(digits, card=digits.card.model_copy(update={"hflip": True}))
-    s = TrainSettings(epochs=3, lr=0.1, whiten=True, ema=True, lookahead=True, progressive_sizes=[24, 32], tta_flip=True, channels_last=True)
+    s = TrainSettings(
+        epochs=3,
+        lr=0.1,
+        whiten=True,
+        ema=True,
+        lookahead=True,
+        progressive_sizes=[24, 32],
+        tta_flip=True,
+        channels_last=True,
+    )
     res = fit(create_model("cifar_resnet8", width=0.5), mirrorable, s, CPU)
     assert [h.get("size") for h in res.history] == [24, 24, 32]  # two equal parts of 1.5 epochs
     assert res.accuracy_tta is not None and res.accuracy > 0.3
@@ -179,8 +205,10 @@ def test_image_tricks_are_refused_where_they_do_not_apply(digits):
 # ----------------------------------------------------------------------------- presets
 def test_presets_apply_before_set_overrides(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("name: p\nmodel: {name: cifar_resnet8}\nstages:\n  - {name: train, type: train, lr: 0.4, ema: true}\n"
-                    "presets:\n  plain: {stages.train.lr: 0.1, stages.train.ema: false, stages.train.schedule: step}\n")
+    path.write_text(
+        "name: p\nmodel: {name: cifar_resnet8}\nstages:\n  - {name: train, type: train, lr: 0.4, ema: true}\n"
+        "presets:\n  plain: {stages.train.lr: 0.1, stages.train.ema: false, stages.train.schedule: step}\n"
+    )
     r = load_recipe(path, ["stages.train.epochs=3"], preset="plain")
     assert (r.stages[0].lr, r.stages[0].ema, r.stages[0].schedule, r.stages[0].epochs) == (0.1, False, "step", 3)
     assert load_recipe(path, ["stages.train.lr=0.7"], preset="plain").stages[0].lr == 0.7
@@ -209,14 +237,19 @@ def test_train_seeds_report_time_to_target(tmp_path, capsys):
 
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY)
-    assert main(["train", str(recipe), "--target-accuracy", "0.3", "--seeds", "2", "--run-dir", str(tmp_path / "run")]) == 0
+    assert (
+        main(["train", str(recipe), "--target-accuracy", "0.3", "--seeds", "2", "--run-dir", str(tmp_path / "run")])
+        == 0
+    )
     summary = read_json(tmp_path / "run" / "time_to_accuracy.json")
     assert [r["seed"] for r in summary["rows"]] == [0, 1] and (tmp_path / "run" / "seed-1" / "report.json").is_file()
     for r in summary["rows"]:
         metrics = read_json(tmp_path / "run" / f"seed-{r['seed']}" / "stages" / "1-train" / "metrics.json")
         reached = [h for h in metrics["history"] if h["val_accuracy"] >= 0.3]
         assert r["time_to_accuracy_s"] == (reached[0]["train_s"] if reached else None)
-        assert metrics["stopped"] == ("target" if reached else None) and metrics["history"][-1] == (reached[0] if reached else metrics["history"][-1])
+        assert metrics["stopped"] == ("target" if reached else None) and metrics["history"][-1] == (
+            reached[0] if reached else metrics["history"][-1]
+        )
     assert "s to target" in capsys.readouterr().out
 
 
@@ -245,7 +278,15 @@ def test_compiled_training_times_compilation_apart(digits):
     model = create_model("cifar_resnet8", width=0.5)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     s = TrainSettings(epochs=3, lr=0.1, compile=True, tensor_data=True, progressive_sizes=[24, 32])
-    secs = warm_compiled(torch.compile(model, dynamic=False), model, digits.tensor_train_loader(32, CPU), s, None, CPU, torch.contiguous_format)
+    secs = warm_compiled(
+        torch.compile(model, dynamic=False),
+        model,
+        digits.tensor_train_loader(32, CPU),
+        s,
+        None,
+        CPU,
+        torch.contiguous_format,
+    )
     assert secs > 0 and all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     res = fit(model, digits, s, CPU)

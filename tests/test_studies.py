@@ -1,18 +1,23 @@
 """The studies on tiny data: selection (accuracy against budget, resumed from its results file),
 data compression (bytes, decode speed and accuracy per level) and calibration sets."""
+
 import json
 
 import pytest
 import torch
-
 from conftest import tiny_recipe, write_image_folder
+
 from effvision.errors import EffvisionError
 from effvision.recipe import validate_recipe
 
 
 def _recipe(**over):
-    raw = tiny_recipe(stages=[{"type": "select", "proxy": {"epochs": 2}},
-                              {"name": "train", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3}])
+    raw = tiny_recipe(
+        stages=[
+            {"type": "select", "proxy": {"epochs": 2}},
+            {"name": "train", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3},
+        ]
+    )
     raw["data"].update(max_train_samples=120, max_val_samples=40)
     raw.update(over)
     return validate_recipe(raw)
@@ -21,20 +26,29 @@ def _recipe(**over):
 def test_selection_study_tables_every_method_and_resumes(tmp_path, monkeypatch):
     from effvision.studies import selection
 
-    summary = selection.selection_study(_recipe(), ["kcenter", "forgetting"], [0.25, 60], 2, tmp_path, torch.device("cpu"))
+    summary = selection.selection_study(
+        _recipe(), ["kcenter", "forgetting"], [0.25, 60], 2, tmp_path, torch.device("cpu")
+    )
     saved = json.loads((tmp_path / "results.json").read_text())
     kinds = [r["kind"] for r in saved["rows"]]
-    assert kinds.count("full") == 2 and kinds.count("scoring") == 2 and kinds.count("subset") == 2 * 3 * 2  # random added
+    assert (
+        kinds.count("full") == 2 and kinds.count("scoring") == 2 and kinds.count("subset") == 2 * 3 * 2
+    )  # random added
     assert {r["n"] for r in saved["rows"] if r["kind"] == "subset"} == {30, 60}
     assert set(summary["accuracy"]) == {"random", "kcenter", "forgetting"} and summary["scoring_overhead"][0] > 0
-    assert (tmp_path / "selection.png").stat().st_size > 1000 and "| kcenter |" in (tmp_path / "selection.md").read_text()
+    assert (tmp_path / "selection.png").stat().st_size > 1000 and "| kcenter |" in (
+        tmp_path / "selection.md"
+    ).read_text()
 
     def no_training(*a, **k):
         raise AssertionError("a finished row was measured again")
 
     monkeypatch.setattr(selection, "fit", no_training)
     monkeypatch.setattr(selection, "score", no_training)
-    assert selection.selection_study(_recipe(), ["kcenter", "forgetting"], [0.25, 60], 2, tmp_path, torch.device("cpu")) == summary
+    assert (
+        selection.selection_study(_recipe(), ["kcenter", "forgetting"], [0.25, 60], 2, tmp_path, torch.device("cpu"))
+        == summary
+    )
     with pytest.raises(EffvisionError, match="between 1 and the dataset size"):
         selection.selection_study(_recipe(), ["kcenter"], [500], 1, tmp_path / "b", torch.device("cpu"))
     with pytest.raises(EffvisionError, match="has no option keep"):
@@ -46,12 +60,23 @@ def test_data_compression_study_reports_bytes_speed_and_accuracy(tmp_path):
 
     write_image_folder(tmp_path / "d/train", per_class=8, size=32)
     write_image_folder(tmp_path / "d/val", per_class=4, size=32)
-    recipe = _recipe(data={"name": "imagefolder", "root": str(tmp_path / "d"), "batch_size": 8}, model={"name": "cifar_resnet8", "kwargs": {"width": 0.25}})
-    summary = data_compression_study(recipe, ["original", "quality=30", "size=16+quality=95"], 1, tmp_path / "out", torch.device("cpu"))
+    recipe = _recipe(
+        data={"name": "imagefolder", "root": str(tmp_path / "d"), "batch_size": 8},
+        model={"name": "cifar_resnet8", "kwargs": {"width": 0.25}},
+    )
+    summary = data_compression_study(
+        recipe, ["original", "quality=30", "size=16+quality=95"], 1, tmp_path / "out", torch.device("cpu")
+    )
     lv = summary["levels"]
-    assert lv["quality=30"]["bytes_after"] < lv["original"]["bytes_after"] and lv["size=16+quality=95"]["decode_per_s_after"] > 0
+    assert (
+        lv["quality=30"]["bytes_after"] < lv["original"]["bytes_after"]
+        and lv["size=16+quality=95"]["decode_per_s_after"] > 0
+    )
     assert all(0 <= s["accuracy"][0] <= 1 and s["seeds"] == 1 for s in lv.values())
-    assert "quality=30" in (tmp_path / "out/data_compression.md").read_text() and (tmp_path / "out/data_compression.png").is_file()
+    assert (
+        "quality=30" in (tmp_path / "out/data_compression.md").read_text()
+        and (tmp_path / "out/data_compression.png").is_file()
+    )
     with pytest.raises(EffvisionError, match="'qualty=5'"):
         parse_level("qualty=5")
 
@@ -60,8 +85,14 @@ def test_calibration_study_compares_selectors_on_a_run(tmp_path):
     from effvision.pipeline import run_pipeline
     from effvision.studies.calibration import calibration_study
 
-    recipe = validate_recipe(tiny_recipe(stages=[{"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3},
-                                                 {"type": "export"}]))
+    recipe = validate_recipe(
+        tiny_recipe(
+            stages=[
+                {"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3},
+                {"type": "export"},
+            ]
+        )
+    )
     run_pipeline(recipe, tmp_path / "run")
     summary = calibration_study(tmp_path / "run", ["random", "kcenter"], 16, 2, tmp_path / "out", torch.device("cpu"))
     assert set(summary["int8"]) == {"random", "kcenter"} and all(len(v) == 2 for v in summary["per_seed"].values())

@@ -35,7 +35,9 @@ def test_time_to_accuracy_recorded_when_target_reached(small_data):
 
 def test_ema_label_smoothing_channels_last_cosine(small_data):
     m = create_model("cifar_resnet8", width=0.25)
-    s = TrainSettings(epochs=2, ema=True, ema_decay=0.9, label_smoothing=0.1, channels_last=True, schedule="cosine", grad_clip=1.0)
+    s = TrainSettings(
+        epochs=2, ema=True, ema_decay=0.9, label_smoothing=0.1, channels_last=True, schedule="cosine", grad_clip=1.0
+    )
     res = fit(m, small_data, s, torch.device("cpu"))
     assert len(res.history) == 2 and res.accuracy > 0.1
 
@@ -66,7 +68,15 @@ def test_distillation_moves_student_toward_teacher(small_data):
     teacher = create_model("cifar_resnet8", width=0.5)
     fit(teacher, small_data, TrainSettings(epochs=3, lr=0.1), torch.device("cpu"))
     student = create_model("cifar_resnet8", width=0.25)
-    res = fit(student, small_data, TrainSettings(epochs=3, lr=0.1), torch.device("cpu"), teacher=teacher, temperature=4.0, alpha=0.9)
+    res = fit(
+        student,
+        small_data,
+        TrainSettings(epochs=3, lr=0.1),
+        torch.device("cpu"),
+        teacher=teacher,
+        temperature=4.0,
+        alpha=0.9,
+    )
     assert res.history[-1]["loss"] < res.history[0]["loss"] and res.accuracy > 0.2
 
 

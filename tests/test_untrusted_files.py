@@ -1,6 +1,7 @@
 """Files from strangers: a checkpoint that would run code when unpickled, archives whose members
 escape their folder (zip-slip) or expand absurdly (zip bombs). Each is refused with one line and
 nothing runs or lands outside its folder."""
+
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_bad_inputs import ARCHIVES, FILES, assert_one_line_error
 
 from effvision.cli import main
 from effvision.data.archive import ArchiveError, extract_once, inside
@@ -16,7 +18,6 @@ from effvision.data.images import FileSource, ImageFolderDataset
 from effvision.errors import EffvisionError
 from effvision.models import create_model, load_checkpoint
 from effvision.models.checkpoint import load_pretrained
-from test_bad_inputs import ARCHIVES, FILES, assert_one_line_error
 
 MARKER = "effvision-was-exploited"  # what the malicious payloads would create in the working folder
 
@@ -42,10 +43,16 @@ def test_malicious_pickle_is_refused_everywhere_a_checkpoint_is_read(malicious_c
             load_checkpoint(path)
         with pytest.raises(EffvisionError, match="Weights only load failed"):
             load_pretrained(create_model("cifar_resnet8", num_classes=10), path)
-        assert_one_line_error(main(["export", str(path), "--out", str(tmp_path / "m.onnx")]), capsys.readouterr().err,
-                              "Weights only load failed")
-        assert_one_line_error(main(["compress", "default", "--set", f"model.pretrained={path}", "--run-dir", str(tmp_path / "run")]),
-                              capsys.readouterr().err, "Weights only load failed")
+        assert_one_line_error(
+            main(["export", str(path), "--out", str(tmp_path / "m.onnx")]),
+            capsys.readouterr().err,
+            "Weights only load failed",
+        )
+        assert_one_line_error(
+            main(["compress", "default", "--set", f"model.pretrained={path}", "--run-dir", str(tmp_path / "run")]),
+            capsys.readouterr().err,
+            "Weights only load failed",
+        )
     assert not (tmp_path / MARKER).exists(), "the payload ran"
     # the same payload does run when unpickled without weights_only: the test would notice a regression
     torch.load(malicious_checkpoints[1], weights_only=False)
@@ -53,23 +60,35 @@ def test_malicious_pickle_is_refused_everywhere_a_checkpoint_is_read(malicious_c
 
 
 def test_text_named_checkpoint_is_one_line(capsys, tmp_path):
-    assert_one_line_error(main(["export", str(FILES / "checkpoints/text_named.pt"), "--out", str(tmp_path / "m.onnx")]),
-                          capsys.readouterr().err, "cannot read checkpoint", "text_named.pt")
+    assert_one_line_error(
+        main(["export", str(FILES / "checkpoints/text_named.pt"), "--out", str(tmp_path / "m.onnx")]),
+        capsys.readouterr().err,
+        "cannot read checkpoint",
+        "text_named.pt",
+    )
 
 
 @pytest.mark.parametrize("name", sorted(ARCHIVES))
 def test_unsafe_or_broken_archives_are_refused(name, tmp_path, capsys):
     archive = FILES / "archives" / name
-    with pytest.raises(EffvisionError, match=ARCHIVES[name].replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+    with pytest.raises(
+        EffvisionError, match=ARCHIVES[name].replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    ):
         ImageFolderDataset(archive)
     assert_one_line_error(main(["data", "inspect", str(archive)]), capsys.readouterr().err, ARCHIVES[name])
     out = tmp_path / "deep" / "copy"
-    assert_one_line_error(main(["data", "compress", str(archive), str(out), "--quality", "50"]), capsys.readouterr().err, ARCHIVES[name])
+    assert_one_line_error(
+        main(["data", "compress", str(archive), str(out), "--quality", "50"]), capsys.readouterr().err, ARCHIVES[name]
+    )
     if zipfile.is_zipfile(archive):
         with pytest.raises(ArchiveError):
             extract_once(archive, tmp_path / "cache")
-        assert not list((tmp_path / "cache" / "extracted").glob("*/cat/ok.png")), "part of a refused archive was extracted"
-    escaped = [p for p in tmp_path.rglob("escaped.png")] + [p for p in [Path("/tmp/effvision-absolute.png")] if p.exists()]
+        assert not list((tmp_path / "cache" / "extracted").glob("*/cat/ok.png")), (
+            "part of a refused archive was extracted"
+        )
+    escaped = [p for p in tmp_path.rglob("escaped.png")] + [
+        p for p in [Path("/tmp/effvision-absolute.png")] if p.exists()
+    ]
     assert not escaped, escaped
 
 

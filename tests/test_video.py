@@ -1,4 +1,5 @@
 """Video: decoding (decord, PyAV fallback), frame samplers, datasets, models, views, inspection."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import SHARED, needs_shared
+
 from effvision.data.frame_samplers import get_sampler, segment_indices
 from effvision.data.synthetic_motion import CLASSES, generate, render_clip, write_mp4
 from effvision.data.video_io import VideoError, open_video
@@ -64,7 +65,10 @@ def test_segment_indices_cover_the_video_and_centre_in_evaluation():
     assert segment_indices(80, 8, False, rng) == [5, 15, 25, 35, 45, 55, 65, 75]
     train = segment_indices(80, 8, True, rng)
     assert all(10 * k <= i < 10 * (k + 1) for k, i in enumerate(train))
-    assert segment_indices(3, 8, False, rng) == sorted(segment_indices(3, 8, False, rng)) and max(segment_indices(3, 8, False, rng)) <= 2
+    assert (
+        segment_indices(3, 8, False, rng) == sorted(segment_indices(3, 8, False, rng))
+        and max(segment_indices(3, 8, False, rng)) <= 2
+    )
 
 
 @pytest.mark.parametrize("name", SAMPLER_NAMES)
@@ -103,9 +107,11 @@ def test_an_unreadable_video_is_one_error_and_stderr_keeps_working(tmp_path):
     import sys
 
     (tmp_path / "notes.mp4").write_text("not a video")
-    script = ("import sys\nfrom effvision.data.video_io import DecordVideo, VideoError\n"
-              f"try:\n    DecordVideo({str(tmp_path / 'notes.mp4')!r})\nexcept VideoError as exc:\n    print(exc)\n"
-              "sys.stderr.write('still here\\n')\n")
+    script = (
+        "import sys\nfrom effvision.data.video_io import DecordVideo, VideoError\n"
+        f"try:\n    DecordVideo({str(tmp_path / 'notes.mp4')!r})\nexcept VideoError as exc:\n    print(exc)\n"
+        "sys.stderr.write('still here\\n')\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "notes.mp4: decord cannot open it" in done.stdout, done.stderr
     assert done.stderr == "still here\n"
@@ -157,7 +163,9 @@ def test_video_folder_dataset_skips_and_counts_bad_files(tmp_path, monkeypatch):
     from effvision.data import load_dataset
     from effvision.data.cards import DatasetCard
 
-    card = DatasetCard(name="videofolder", modality="video", source="videofolder", image_size=32, num_frames=4, hflip=False)
+    card = DatasetCard(
+        name="videofolder", modality="video", source="videofolder", image_size=32, num_frames=4, hflip=False
+    )
     monkeypatch.setattr("effvision.data.get_card", lambda name: card)
     bundle = load_dataset(_video_config(_video_tree(tmp_path)))
     assert bundle.input_size == [3, 4, 32, 32] and bundle.classes == ["left", "right"]
@@ -204,7 +212,9 @@ def test_pruning_keeps_each_channels_shift_direction():
     from effvision.models import create_model
     from effvision.models.video import TemporalShift
 
-    model = create_model("tsm", num_classes=4, input_size=[3, 4, 32, 32], backbone="cifar_resnet8", width=0.5, fold_div=4)
+    model = create_model(
+        "tsm", num_classes=4, input_size=[3, 4, 32, 32], backbone="cifar_resnet8", width=0.5, fold_div=4
+    )
     wrapped = [m for m in model.modules() if isinstance(m, torch.nn.Sequential) and isinstance(m[0], TemporalShift)]
     widths = [seq[1].in_channels for seq in wrapped]
     with torch.no_grad():  # tag every input channel of the shifted convs with its index
@@ -223,12 +233,22 @@ def test_pruning_keeps_each_channels_shift_direction():
     assert model(torch.randn(2, 3, 4, 32, 32)).shape == (2, 4)
 
 
-VIDEO_MODELS = ["tsm_resnet8_050.synthetic_motion", "tsm_mobilenetv3_small_100", "tsm_resnet18", "tsn_mobilenetv3_small_100", "r3d_18", "mc3_18", "r2plus1d_18"]
+VIDEO_MODELS = [
+    "tsm_resnet8_050.synthetic_motion",
+    "tsm_mobilenetv3_small_100",
+    "tsm_resnet18",
+    "tsn_mobilenetv3_small_100",
+    "r3d_18",
+    "mc3_18",
+    "r2plus1d_18",
+]
 
 
 # make test keeps the compact TSM; the larger backbones' int8 runs go to make bench (slow).
-@pytest.mark.parametrize("name", [n if n == "tsm_resnet8_050.synthetic_motion" else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in VIDEO_MODELS])
+@pytest.mark.parametrize(
+    "name",
+    [n if n == "tsm_resnet8_050.synthetic_motion" else pytest.param(n, marks=pytest.mark.slow) for n in VIDEO_MODELS],
+)
 def test_video_model_quantizes_to_int8(name, tmp_path, monkeypatch):
     """Contract, pruning and ONNX parity of every video model run in test_models (parametrized
     over the registry and the zoo); here the exported clip model also goes through int8, leaving
@@ -264,7 +284,9 @@ def test_views_average_clips_and_crops(tmp_path, monkeypatch):
     from effvision.data.views import ViewsDataset, crop_offsets, views_accuracy
 
     assert crop_offsets(40, 32, 3) == [0, 4, 8] and crop_offsets(40, 32, 1) == [4]
-    card = DatasetCard(name="videofolder", modality="video", source="videofolder", image_size=24, resize=32, num_frames=4, hflip=False)
+    card = DatasetCard(
+        name="videofolder", modality="video", source="videofolder", image_size=24, resize=32, num_frames=4, hflip=False
+    )
     monkeypatch.setattr("effvision.data.get_card", lambda name: card)
     bundle = load_dataset(_video_config(_video_tree(tmp_path, bad=False)))
     views = ViewsDataset(bundle.val, clips=2, crops=3, size=24, mean=card.mean, std=card.std)
@@ -272,9 +294,13 @@ def test_views_average_clips_and_crops(tmp_path, monkeypatch):
     assert x.shape == (6, 3, 4, 24, 24) and decoded == 2 * 4  # two 4-frame TSN clips, nothing decoded besides
     assert not torch.equal(x[0], x[2])  # left and right crops differ
     seen = []
-    acc, frames_per_video = views_accuracy(lambda v: seen.append(len(v)) or torch.nn.functional.one_hot(torch.zeros(len(v), dtype=torch.long), 2).float(),
-                         DataLoader(views, batch_size=2))
-    assert seen == [12] and acc == 0.5 and frames_per_video == 8  # both val videos, 6 views each; class 0 is right for one of two
+    acc, frames_per_video = views_accuracy(
+        lambda v: seen.append(len(v)) or torch.nn.functional.one_hot(torch.zeros(len(v), dtype=torch.long), 2).float(),
+        DataLoader(views, batch_size=2),
+    )
+    assert (
+        seen == [12] and acc == 0.5 and frames_per_video == 8
+    )  # both val videos, 6 views each; class 0 is right for one of two
 
 
 def test_data_inspect_reports_videos(clip_file, tmp_path, capsys):
@@ -285,7 +311,9 @@ def test_data_inspect_reports_videos(clip_file, tmp_path, capsys):
     assert main(["data", "inspect", str(tmp_path), "--json"]) == 0
     rows = {r["path"].split("/")[-1]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["ok.mp4"]["ok"] and rows["ok.mp4"]["kind"] == "video" and rows["ok.mp4"]["frames"] == 16
-    assert rows["ok.mp4"]["shape"] == [64, 64, 3] and rows["ok.mp4"]["backend"] == "decord" and rows["ok.mp4"]["fps"] == 10
+    assert (
+        rows["ok.mp4"]["shape"] == [64, 64, 3] and rows["ok.mp4"]["backend"] == "decord" and rows["ok.mp4"]["fps"] == 10
+    )
     assert not rows["fake.mp4"]["ok"] and "not a readable video" in rows["fake.mp4"]["error"]
 
 
@@ -308,17 +336,29 @@ def test_labelled_shared_clips_train_one_epoch(tmp_path, monkeypatch):
     from effvision.train.loop import fit
 
     root = SHARED / "testdata/videos"
-    lines = [f"{p.relative_to(root)} {p.name.split('__')[0] if p.parent.name == 'kinetics400' else p.name.split('_')[1]}"
-             for p in SHARED_VIDEOS if p.parent.name in ("ucf101", "kinetics400")]
+    lines = [
+        f"{p.relative_to(root)} {p.name.split('__')[0] if p.parent.name == 'kinetics400' else p.name.split('_')[1]}"
+        for p in SHARED_VIDEOS
+        if p.parent.name in ("ucf101", "kinetics400")
+    ]
     (tmp_path / "all.txt").write_text("\n".join(lines))
-    card = DatasetCard(name="clips", modality="video", source="videolist", train=str(tmp_path / "all.txt"), val=str(tmp_path / "all.txt"),
-                       image_size=64, num_frames=4)
+    card = DatasetCard(
+        name="clips",
+        modality="video",
+        source="videolist",
+        train=str(tmp_path / "all.txt"),
+        val=str(tmp_path / "all.txt"),
+        image_size=64,
+        num_frames=4,
+    )
     monkeypatch.setattr("effvision.data.get_card", lambda name: card)
     from effvision.recipe import DataConfig
 
     bundle = load_dataset(DataConfig(name="clips", root=str(root), batch_size=4))
     assert len(bundle.train) == len(lines) == 16 and not bundle.bad_samples
-    model = create_model("tsn", num_classes=bundle.num_classes, input_size=bundle.input_size, backbone="timm:mobilenetv3_small_050")
+    model = create_model(
+        "tsn", num_classes=bundle.num_classes, input_size=bundle.input_size, backbone="timm:mobilenetv3_small_050"
+    )
     result = fit(model, bundle, TrainSettings(epochs=1, lr=0.01, optimizer="adamw"), torch.device("cpu"))
     assert len(result.history) == 1 and np.isfinite(result.history[0]["loss"])
 
@@ -329,20 +369,46 @@ def test_video_recipe_runs_every_stage(tmp_path, monkeypatch):
     from effvision.pipeline import run_pipeline
     from effvision.recipe import validate_recipe
 
-    card = get_card("synthetic-motion").model_copy(update={
-        "image_size": 32, "resize": 36, "num_frames": 4, "generate": {"train_per_class": 3, "val_per_class": 2, "frames": 8, "size": 36}})
+    card = get_card("synthetic-motion").model_copy(
+        update={
+            "image_size": 32,
+            "resize": 36,
+            "num_frames": 4,
+            "generate": {"train_per_class": 3, "val_per_class": 2, "frames": 8, "size": 36},
+        }
+    )
     monkeypatch.setattr("effvision.data.get_card", lambda name: card)
-    recipe = validate_recipe({
-        "name": "video-tiny", "data": {"name": "synthetic-motion", "root": str(tmp_path / "clips"), "batch_size": 6},
-        "model": {"name": "tsm", "kwargs": {"backbone": "cifar_resnet8", "width": 0.25}},
-        "stages": [{"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3}, {"type": "prune", "ratio": 0.5},
-                   {"type": "distill", "epochs": 1}, {"type": "export"}, {"type": "quantize", "calibration": {"n": 8}},
-                   {"type": "evaluate", "clips": 2, "crops": 3}, {"type": "bench", "warmup": 1, "repeats": 3, "batches": [1, 2]}]})
+    recipe = validate_recipe(
+        {
+            "name": "video-tiny",
+            "data": {"name": "synthetic-motion", "root": str(tmp_path / "clips"), "batch_size": 6},
+            "model": {"name": "tsm", "kwargs": {"backbone": "cifar_resnet8", "width": 0.25}},
+            "stages": [
+                {"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3},
+                {"type": "prune", "ratio": 0.5},
+                {"type": "distill", "epochs": 1},
+                {"type": "export"},
+                {"type": "quantize", "calibration": {"n": 8}},
+                {"type": "evaluate", "clips": 2, "crops": 3},
+                {"type": "bench", "warmup": 1, "repeats": 3, "batches": [1, 2]},
+            ],
+        }
+    )
     report = run_pipeline(recipe, tmp_path / "run")
     stages = {s["name"]: s for s in report["stages"]}
     assert report["dataset"]["modality"] == "video" and report["dataset"]["train_size"] == 18
-    assert stages["quantize"]["evaluated_with"] == "onnxruntime" and stages["prune"]["macs"] < stages["baseline"]["macs"]
+    assert (
+        stages["quantize"]["evaluated_with"] == "onnxruntime" and stages["prune"]["macs"] < stages["baseline"]["macs"]
+    )
     views = stages["evaluate"]
-    assert views["views"] == 6 and views["evaluated_with"] == "onnxruntime" and views["macs_per_video"] == 6 * stages["quantize"]["macs"]
-    assert views["frames_decoded_per_clip"] == 4 and report["dataset"]["sampler"] == "tsn" and report["dataset"]["frames_per_clip"] == 4
+    assert (
+        views["views"] == 6
+        and views["evaluated_with"] == "onnxruntime"
+        and views["macs_per_video"] == 6 * stages["quantize"]["macs"]
+    )
+    assert (
+        views["frames_decoded_per_clip"] == 4
+        and report["dataset"]["sampler"] == "tsn"
+        and report["dataset"]["frames_per_clip"] == 4
+    )
     assert "2 clips x 3 crops" in (tmp_path / "run/report.md").read_text()

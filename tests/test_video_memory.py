@@ -1,6 +1,7 @@
 """Video loader memory: RSS stays flat over many clip reads through VideoDataset.read (the path a
 training epoch takes), per backend, and PyAV reads that stop early free their native buffers; the
 full 2,000-read measurement is in BENCHMARKS.md."""
+
 from __future__ import annotations
 
 import ctypes
@@ -8,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import SHARED, needs_shared
+
 from effvision.data.frame_samplers import FrameSampler, get_sampler
 from effvision.data.synthetic_motion import render_clip, write_mp4
 from effvision.data.video_io import PyAVVideo, decord_missing
@@ -57,7 +58,9 @@ def test_rss_stays_flat_over_clip_reads(clips, backend):
     ds = _dataset(clips, backend)
     assert len(ds) == (8 if backend == "decord" else 9)
     r = rss_over_reads(ds, READS, every=25, warmup=WARMUP)
-    assert r["growth_mib"] < BOUND_MIB, f"{backend}: RSS grew {r['growth_mib']:.1f} MiB over {READS - WARMUP} reads: {r['rss_mib']}"
+    assert r["growth_mib"] < BOUND_MIB, (
+        f"{backend}: RSS grew {r['growth_mib']:.1f} MiB over {READS - WARMUP} reads: {r['rss_mib']}"
+    )
 
 
 def test_the_measurement_catches_a_per_read_leak(clips, monkeypatch):
@@ -81,8 +84,21 @@ def test_shared_clips_read_without_growth():
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _malloc_in_use():

@@ -1,11 +1,12 @@
 """The zoo's cards: fields, default recipes, pretrained weights (local, Hugging Face cache, the
 card's own trained file) and the errors a user meets."""
+
 import hashlib
 
 import pytest
 import torch
-
 from conftest import SHARED, tiny_recipe
+
 from effvision.cli import main
 from effvision.errors import EffvisionError
 from effvision.models import create_model
@@ -27,8 +28,19 @@ def test_at_least_fifteen_cards_across_modalities():
     cards = list_cards()
     assert len(cards) >= 15
     assert {c.modality for c in cards} == {"image", "video", "points"}
-    for name in ("mobilenetv3_small_100", "mobilenetv3_large_100", "efficientnet_b0", "ghostnet_100", "regnetx_002",
-                 "mobilevit_xxs", "convnext_atto", "fastvit_t8", "repvit_m0_9", "r2plus1d_18", "pointnet_050.synthetic_shapes"):
+    for name in (
+        "mobilenetv3_small_100",
+        "mobilenetv3_large_100",
+        "efficientnet_b0",
+        "ghostnet_100",
+        "regnetx_002",
+        "mobilevit_xxs",
+        "convnext_atto",
+        "fastvit_t8",
+        "repvit_m0_9",
+        "r2plus1d_18",
+        "pointnet_050.synthetic_shapes",
+    ):
         assert get_card(name) is not None, name
 
 
@@ -36,7 +48,9 @@ def test_at_least_fifteen_cards_across_modalities():
 def test_every_card_names_a_recipe_of_its_modality(card):
     assert card.recipe, f"{card.name} has no default recipe"
     recipe = load_recipe(card.recipe, [f"model.name={card.name}"])
-    modality = {"digits": "image", "cifar10": "image", "synthetic-motion": "video", "synthetic-shapes": "points"}[recipe.data.name]
+    modality = {"digits": "image", "cifar10": "image", "synthetic-motion": "video", "synthetic-shapes": "points"}[
+        recipe.data.name
+    ]
     assert modality == card.modality
 
 
@@ -85,7 +99,9 @@ def hub_cache(tmp_path, monkeypatch):
 def test_pretrained_from_the_hugging_face_cache_offline(hub_cache):
     src = create_model("timm:mobilenetv3_small_050", num_classes=1000)
     _write_hub_cache(hub_cache, "timm/mobilenetv3_small_050.test_in1k", src.state_dict())
-    dst = create_model("timm:mobilenetv3_small_050", num_classes=5, pretrained="hf-hub:timm/mobilenetv3_small_050.test_in1k")
+    dst = create_model(
+        "timm:mobilenetv3_small_050", num_classes=5, pretrained="hf-hub:timm/mobilenetv3_small_050.test_in1k"
+    )
     assert torch.equal(dst.conv_stem.weight, src.conv_stem.weight)
     assert dst.get_classifier().out_features == 5  # head reset for the new class count
     with pytest.raises(EffvisionError, match=r"not.*cache|none of model\.safetensors.*HF_HUB_OFFLINE=1"):
@@ -113,7 +129,8 @@ def test_publish_round_trip_and_tampered_weights(own_models, tmp_path):
     from effvision.recipe import validate_recipe
 
     (own_models / "tiny_resnet8.digits.yaml").write_text(
-        "name: tiny_resnet8.digits\narch: cifar_resnet8\nnum_classes: 10\ninput_size: [3, 32, 32]\nkwargs: {width: 0.25}\ndataset: digits\n")
+        "name: tiny_resnet8.digits\narch: cifar_resnet8\nnum_classes: 10\ninput_size: [3, 32, 32]\nkwargs: {width: 0.25}\ndataset: digits\n"
+    )
     (tmp_path / "compress").mkdir()
     raw = tiny_recipe(model={"name": "tiny_resnet8.digits"})
     raw["stages"] = raw["stages"][:1]
@@ -147,8 +164,16 @@ TRAINED = [c for c in list_cards() if c.trained is not None]
 
 # make test re-scores the digits card; the generated clips and shapes (20-30 s each) and CIFAR-10
 # (../shared) run under make test-all.
-@pytest.mark.parametrize("card", [c if c.dataset == "digits" else pytest.param(c, marks=pytest.mark.slow if c.dataset == "cifar10" else pytest.mark.zoo)
-                                  for c in TRAINED], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "card",
+    [
+        c
+        if c.dataset == "digits"
+        else pytest.param(c, marks=pytest.mark.slow if c.dataset == "cifar10" else pytest.mark.zoo)
+        for c in TRAINED
+    ],
+    ids=lambda c: c.name,
+)
 def test_trained_cards_score_what_they_claim(card):
     from effvision.models.publish import score_trained
 

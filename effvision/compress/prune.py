@@ -1,5 +1,6 @@
 """Structured channel pruning with torch-pruning's dependency graph: the result is a physically
 smaller model (fewer channels), not a masked one."""
+
 from __future__ import annotations
 
 import re
@@ -34,15 +35,28 @@ def match_layers(model: nn.Module, patterns: list[str]) -> dict[str, nn.Module]:
     """Modules named exactly, or matched by a `re:` regular expression."""
     found = {}
     for pat in patterns:
-        hits = {n: m for n, m in model.named_modules() if (re.fullmatch(pat[3:], n) if pat.startswith("re:") else n == pat)}
+        hits = {
+            n: m for n, m in model.named_modules() if (re.fullmatch(pat[3:], n) if pat.startswith("re:") else n == pat)
+        }
         if not hits:
-            raise EffvisionError(f"no layer matches '{pat}' (layer names look like: {', '.join(list(dict(model.named_modules()))[1:6])}, ...)")
+            raise EffvisionError(
+                f"no layer matches '{pat}' (layer names look like: {', '.join(list(dict(model.named_modules()))[1:6])}, ...)"
+            )
         found.update(hits)
     return found
 
 
-def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning: bool = False, layer_ratios: dict[str, float] | None = None,
-          ignore: list[str] | None = None, round_to: int | None = None, iterative_steps: int = 1, calib_loader=None) -> nn.Module:
+def prune(
+    model: nn.Module,
+    ratio: float,
+    importance: str = "l2",
+    global_pruning: bool = False,
+    layer_ratios: dict[str, float] | None = None,
+    ignore: list[str] | None = None,
+    round_to: int | None = None,
+    iterative_steps: int = 1,
+    calib_loader=None,
+) -> nn.Module:
     """Remove `ratio` of the prunable channels in place (the classifier's outputs are kept)."""
     import torch_pruning as tp
 
@@ -53,15 +67,28 @@ def prune(model: nn.Module, ratio: float, importance: str = "l2", global_pruning
     frozen = {n for n, q in model.named_parameters() if not q.requires_grad}
     for q in model.parameters():
         q.requires_grad_(True)
-    ignored = [m for m in [classifier_of(model)] if m is not None] + list(match_layers(model, ignore or []).values()) + attention_internals(model)
+    ignored = (
+        [m for m in [classifier_of(model)] if m is not None]
+        + list(match_layers(model, ignore or []).values())
+        + attention_internals(model)
+    )
     per_layer = {m: r for pat, r in (layer_ratios or {}).items() for m in match_layers(model, [pat]).values()}
     with warnings.catch_warnings():
         # Layer scales and the like: torch-pruning prunes their last non-singleton dimension, which
         # is their channel dimension; the ones that are not (per-head) are in `ignored` above.
         warnings.filterwarnings("ignore", message="Unwrapped parameters detected")
-        pruner = tp.pruner.MetaPruner(model, example, importance=_importance(importance), pruning_ratio=ratio, global_pruning=global_pruning,
-                                      pruning_ratio_dict=per_layer or None, ignored_layers=ignored, round_to=round_to, iterative_steps=iterative_steps,
-                                      unwrapped_parameters=_channel_parameters(model) or None)
+        pruner = tp.pruner.MetaPruner(
+            model,
+            example,
+            importance=_importance(importance),
+            pruning_ratio=ratio,
+            global_pruning=global_pruning,
+            pruning_ratio_dict=per_layer or None,
+            ignored_layers=ignored,
+            round_to=round_to,
+            iterative_steps=iterative_steps,
+            unwrapped_parameters=_channel_parameters(model) or None,
+        )
     if any(_is_uneven_grouped(m) for m in model.modules()):  # (another pass over the groups: only when needed)
         _keep_uneven_grouped_convs(pruner)
     # Nested classifiers too (a video model's 2D backbone): each keeps its cached widths in step.
@@ -85,8 +112,12 @@ _QKV_NAMES = {"qkv", "qkvs", "qkv_proj", "kv"}
 def _is_attention(m: nn.Module) -> bool:
     """By its head count, its name, or query/key/value children (EfficientViT's LiteMLA has only those)."""
     name = type(m).__name__.lower()
-    return (isinstance(getattr(m, "num_heads", None), int) or "attention" in name or name.endswith("attn")
-            or any(child in _QKV_NAMES for child, _ in m.named_children()))
+    return (
+        isinstance(getattr(m, "num_heads", None), int)
+        or "attention" in name
+        or name.endswith("attn")
+        or any(child in _QKV_NAMES for child, _ in m.named_children())
+    )
 
 
 def attention_internals(model: nn.Module) -> list[nn.Module | nn.Parameter]:
@@ -111,10 +142,15 @@ def _keep_uneven_grouped_convs(pruner) -> None:
     """Grouped convolutions whose output width differs from their input (a channel multiplier, as
     in FastViT's patch embedding) break torch-pruning's group-wise indexing; the channel groups
     they touch, on either side, keep their width."""
-    for group in list(pruner.DG.get_all_groups(ignored_layers=pruner.ignored_layers, root_module_types=pruner.root_module_types)):
+    for group in list(
+        pruner.DG.get_all_groups(ignored_layers=pruner.ignored_layers, root_module_types=pruner.root_module_types)
+    ):
         if any(_is_uneven_grouped(dep.target.module) for dep, _ in group):
-            pruner.ignored_layers += [dep.target.module for dep, _ in group
-                                      if isinstance(dep.target.module, nn.Module) and pruner.DG.is_out_channel_pruning_fn(dep.handler)]
+            pruner.ignored_layers += [
+                dep.target.module
+                for dep, _ in group
+                if isinstance(dep.target.module, nn.Module) and pruner.DG.is_out_channel_pruning_fn(dep.handler)
+            ]
 
 
 def _channel_parameters(model: nn.Module) -> list[tuple[nn.Parameter, int]]:
@@ -132,8 +168,12 @@ def _head_widths(model: nn.Module) -> list[int | None]:
     """Channel counts near the head that timm models (and their head modules) cache as attributes."""
     head, conv_head = classifier_of(model), getattr(model, "conv_head", None)
     head_norm = getattr(getattr(model, "head", None), "norm", None)
-    return [_width(head, "in_features"), _width(conv_head, "out_channels"), _width(conv_head, "in_channels"),
-            _width(head_norm, "normalized_shape") or _width(head_norm, "num_features")]
+    return [
+        _width(head, "in_features"),
+        _width(conv_head, "out_channels"),
+        _width(conv_head, "in_channels"),
+        _width(head_norm, "normalized_shape") or _width(head_norm, "num_features"),
+    ]
 
 
 def _sync_cached_widths(model: nn.Module, before: list[int | None]) -> None:
@@ -147,7 +187,9 @@ def _sync_cached_widths(model: nn.Module, before: list[int | None]) -> None:
         owners.append((head, ("in_features", "num_features")))
     for owner, attrs in owners:
         for attr in attrs:
-            if isinstance(getattr(type(owner), attr, None), property) or not isinstance(getattr(owner, attr, None), int):
+            if isinstance(getattr(type(owner), attr, None), property) or not isinstance(
+                getattr(owner, attr, None), int
+            ):
                 continue
             old = getattr(owner, attr)
             match = next((new for was, new in zip(before, after) if was == old and new is not None), None)

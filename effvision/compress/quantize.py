@@ -1,5 +1,6 @@
 """Post-training static int8 quantization with ONNX Runtime: QDQ, uint8 activations, int8
 per-channel weights (U8S8, the fast path on x86 CPUs), after quant_pre_process."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +20,7 @@ class _Reader:
     collectors (percentile, entropy) cannot stack outputs of unequal batches (a short last one)."""
 
     def __init__(self, loader, input_name: str):
-        self.samples = (x[i:i + 1].numpy() for x, *_ in loader for i in range(len(x)))
+        self.samples = (x[i : i + 1].numpy() for x, *_ in loader for i in range(len(x)))
         self.name = input_name
 
     def get_next(self):
@@ -43,8 +44,15 @@ def resolve_reduce_range(value: bool | str) -> bool:
     return (not cpu_has_vnni()) if value == "auto" else bool(value)
 
 
-def quantize_onnx(src: str | Path, dst: str | Path, calib_loader, method: str = "percentile", per_channel: bool = True,
-                  exclude: list[str] | None = None, reduce_range: bool | str = "auto") -> Path:
+def quantize_onnx(
+    src: str | Path,
+    dst: str | Path,
+    calib_loader,
+    method: str = "percentile",
+    per_channel: bool = True,
+    exclude: list[str] | None = None,
+    reduce_range: bool | str = "auto",
+) -> Path:
     """Without VNNI, ONNX Runtime's U8S8 kernels can saturate 16-bit intermediate sums; 7-bit
     weights (reduce_range) avoid it (ONNX Runtime's quantization guide). `auto` decides by CPU.
     Percentile calibration (the default) clips rare activation outliers; on the CIFAR-10
@@ -75,9 +83,18 @@ def quantize_onnx(src: str | Path, dst: str | Path, calib_loader, method: str = 
 
         def write(out: Path) -> None:
             with contextlib.redirect_stdout(io.StringIO()):
-                quantize_static(str(pre), str(out), _Reader(calib_loader, input_name), quant_format=QuantFormat.QDQ,
-                                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel, reduce_range=reduce_range,
-                                calibrate_method=getattr(CalibrationMethod, CALIBRATION[method]),
-                                nodes_to_exclude=exclude or [], extra_options={"CalibTensorRangeSymmetric": False})
+                quantize_static(
+                    str(pre),
+                    str(out),
+                    _Reader(calib_loader, input_name),
+                    quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    per_channel=per_channel,
+                    reduce_range=reduce_range,
+                    calibrate_method=getattr(CalibrationMethod, CALIBRATION[method]),
+                    nodes_to_exclude=exclude or [],
+                    extra_options={"CalibTensorRangeSymmetric": False},
+                )
 
         return atomic_write(dst, write)

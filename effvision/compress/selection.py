@@ -1,6 +1,7 @@
 """Scoring a training split for coreset selection: train a proxy model briefly (counting
 forgetting events as it goes), then read every sample's embedding and class probabilities. The
 signals feed the selectors of effvision.data.selectors, for any modality."""
+
 from __future__ import annotations
 
 import copy
@@ -18,11 +19,14 @@ from ..registry import SELECTORS
 from ..train.config import Optimizer, TrainSettings
 from ..train.loop import fit
 
+
 class ProxyConfig(TrainSettings):
     """The model that scores samples: a copy of the current model unless `model` names a smaller
     one; trained for `epochs` on the whole split (0: score with the model as it is)."""
 
-    model: Optional[str] = Field(None, description="a cheaper model to score with (zoo card or registered arch); default: the current model")
+    model: Optional[str] = Field(
+        None, description="a cheaper model to score with (zoo card or registered arch); default: the current model"
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict)
     epochs: int = Field(2, ge=0)
     runs: int = Field(1, ge=1, description="proxy runs (seeds) whose probabilities and EL2N scores are averaged")
@@ -80,8 +84,15 @@ def needed_signals(selectors: list[str]) -> tuple[set[str], int]:
     return needs, min_epochs
 
 
-def score(data, selectors: list[str], proxy: ProxyConfig, make_proxy: Callable[[], torch.nn.Module], device: torch.device,
-          seed: int = 0, label: str = "proxy") -> Scored:
+def score(
+    data,
+    selectors: list[str],
+    proxy: ProxyConfig,
+    make_proxy: Callable[[], torch.nn.Module],
+    device: torch.device,
+    seed: int = 0,
+    label: str = "proxy",
+) -> Scored:
     """Signals of data's training split for these selectors (no model at all when they need only labels)."""
     needs, min_epochs = needed_signals(selectors)
     targets = np.asarray(data.train.targets, dtype=np.int64)
@@ -90,14 +101,24 @@ def score(data, selectors: list[str], proxy: ProxyConfig, make_proxy: Callable[[
         return out
     if proxy.epochs < min_epochs:
         names = [s for s in selectors if SELECTORS.get(s).min_proxy_epochs > proxy.epochs]
-        raise EffvisionError(f"selector {', '.join(names)} needs a proxy trained for at least {min_epochs} epochs (proxy.epochs is {proxy.epochs})")
+        raise EffvisionError(
+            f"selector {', '.join(names)} needs a proxy trained for at least {min_epochs} epochs (proxy.epochs is {proxy.epochs})"
+        )
     onehot = np.eye(data.num_classes, dtype=np.float32)[targets]
     probs_sum, el2n_sum, counters = 0.0, 0.0, []
     for run in range(proxy.runs):
         model = make_proxy()
         if proxy.epochs:
             counter = ForgettingCounter(len(targets))
-            res = fit(model, data, proxy, device, seed=seed + 1000 * run, label=f"{label} {run + 1}/{proxy.runs}", on_batch=counter)
+            res = fit(
+                model,
+                data,
+                proxy,
+                device,
+                seed=seed + 1000 * run,
+                label=f"{label} {run + 1}/{proxy.runs}",
+                on_batch=counter,
+            )
             out.proxy_train_s += res.train_s
             out.proxy_accuracy.append(res.accuracy)
             counters.append(counter)
@@ -114,8 +135,16 @@ def score(data, selectors: list[str], proxy: ProxyConfig, make_proxy: Callable[[
     return out
 
 
-def choose(data, selector: str, budget: Budget, options: dict, proxy: ProxyConfig, make_proxy: Callable[[], torch.nn.Module],
-           device: torch.device, seed: int = 0) -> tuple[Selection, Scored]:
+def choose(
+    data,
+    selector: str,
+    budget: Budget,
+    options: dict,
+    proxy: ProxyConfig,
+    make_proxy: Callable[[], torch.nn.Module],
+    device: torch.device,
+    seed: int = 0,
+) -> tuple[Selection, Scored]:
     """Score data's training split for one selector and select `budget` samples of it."""
     resolve_budget(budget, len(data.train))  # a bad budget stops before any proxy training
     scored = score(data, [selector], proxy, make_proxy, device, seed, label=f"proxy for {selector}")
@@ -131,13 +160,17 @@ def proxy_factory(model: torch.nn.Module, proxy: ProxyConfig, data) -> Callable[
     return lambda: create_model(proxy.model, num_classes=data.num_classes, input_size=data.input_size, **proxy.kwargs)
 
 
-def calibration_indices(data, cfg: CalibrationConfig, model: torch.nn.Module, device: torch.device, seed: int = 0) -> np.ndarray:
+def calibration_indices(
+    data, cfg: CalibrationConfig, model: torch.nn.Module, device: torch.device, seed: int = 0
+) -> np.ndarray:
     """Training-split indices of the calibration set, chosen by the model being quantized among a
     class-balanced random pool of at most cfg.pool samples."""
     n = min(cfg.n, len(data.train))
     pool = None
     if SELECTORS.get(cfg.selector).needs and len(data.train) > max(cfg.pool, n):
-        pool = select("class_balanced", Signals(np.asarray(data.train.targets), data.num_classes), max(cfg.pool, n), seed=seed).indices
+        pool = select(
+            "class_balanced", Signals(np.asarray(data.train.targets), data.num_classes), max(cfg.pool, n), seed=seed
+        ).indices
         data = data.with_train_subset(pool)
     sel, _ = choose(data, cfg.selector, n, cfg.options, ProxyConfig(epochs=0), lambda: model, device, seed)
     return sel.indices if pool is None else pool[sel.indices]

@@ -1,4 +1,5 @@
 """Compression stages: select, prune, distill, quantize (configs + handlers registered in STAGES)."""
+
 from __future__ import annotations
 
 import time
@@ -20,8 +21,11 @@ from .selection import ProxyConfig, choose, proxy_factory
 
 class SelectConfig(StageConfig):
     type: Literal["select"] = "select"
-    selector: SelectorName = Field("random", description="a registered selector: random, class_balanced, herding, kcenter, el2n, grand, "
-                          "forgetting, entropy, margin, gradient_clusters")
+    selector: SelectorName = Field(
+        "random",
+        description="a registered selector: random, class_balanced, herding, kcenter, el2n, grand, "
+        "forgetting, entropy, margin, gradient_clusters",
+    )
     budget: Budget = Field(0.5, description="a fraction in (0, 1] of the training split, or a count of samples")
     options: dict[str, Any] = Field(default_factory=dict, description="selector options, e.g. {keep: easy}")
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
@@ -39,14 +43,36 @@ def run_select(ctx, cfg: SelectConfig) -> StageResult:
     """Keep a coreset of the training split; later stages train on it."""
     data = ctx.data
     start = time.perf_counter()
-    sel, scored = choose(data, cfg.selector, cfg.budget, cfg.options, cfg.proxy, proxy_factory(ctx.model, cfg.proxy, data), ctx.device, ctx.seed)
+    sel, scored = choose(
+        data,
+        cfg.selector,
+        cfg.budget,
+        cfg.options,
+        cfg.proxy,
+        proxy_factory(ctx.model, cfg.proxy, data),
+        ctx.device,
+        ctx.seed,
+    )
     select_s = time.perf_counter() - start - scored.proxy_train_s - scored.scoring_s
     path = ctx.select_train(sel.indices, sel.weights)
     counts = np.bincount(np.asarray(data.train.targets)[sel.indices], minlength=data.num_classes)
-    return StageResult({"selector": cfg.selector, "budget": cfg.budget, "selected": len(sel.indices), "of": len(data.train),
-                        "weighted": sel.weights is not None, "per_class": {"min": int(counts.min()), "max": int(counts.max())},
-                        "proxy_train_s": round(scored.proxy_train_s, 3), "scoring_s": round(scored.scoring_s, 3), "select_s": round(select_s, 3),
-                        "proxy_accuracy": scored.proxy_accuracy or None, "accuracy": None, "time_to_accuracy_s": None}, {"selection": path.name})
+    return StageResult(
+        {
+            "selector": cfg.selector,
+            "budget": cfg.budget,
+            "selected": len(sel.indices),
+            "of": len(data.train),
+            "weighted": sel.weights is not None,
+            "per_class": {"min": int(counts.min()), "max": int(counts.max())},
+            "proxy_train_s": round(scored.proxy_train_s, 3),
+            "scoring_s": round(scored.scoring_s, 3),
+            "select_s": round(select_s, 3),
+            "proxy_accuracy": scored.proxy_accuracy or None,
+            "accuracy": None,
+            "time_to_accuracy_s": None,
+        },
+        {"selection": path.name},
+    )
 
 
 class PruneConfig(StageConfig):
@@ -54,7 +80,9 @@ class PruneConfig(StageConfig):
     ratio: float = Field(0.5, gt=0, lt=1, description="fraction of channels removed per prunable layer")
     importance: Literal["l1", "l2", "bn_scale", "taylor"] = "l2"
     global_pruning: bool = False
-    layer_ratios: dict[str, float] = Field(default_factory=dict, description="per-layer ratio by module name or re:regex")
+    layer_ratios: dict[str, float] = Field(
+        default_factory=dict, description="per-layer ratio by module name or re:regex"
+    )
     ignore: list[str] = Field(default_factory=list, description="module names or re:regex kept intact")
     round_to: Optional[int] = Field(None, gt=0, description="keep channel counts multiples of this")
     iterative_steps: int = Field(1, ge=1)
@@ -64,14 +92,25 @@ class PruneConfig(StageConfig):
 def run_prune(ctx, cfg: PruneConfig) -> StageResult:
     """Structured channel pruning (torch-pruning dependency graph)."""
     model = ctx.model
-    prune(model, cfg.ratio, cfg.importance, cfg.global_pruning, cfg.layer_ratios, cfg.ignore, cfg.round_to, cfg.iterative_steps,
-          calib_loader=ctx.data.train_loader(seed=ctx.seed) if cfg.importance == "taylor" else None)
+    prune(
+        model,
+        cfg.ratio,
+        cfg.importance,
+        cfg.global_pruning,
+        cfg.layer_ratios,
+        cfg.ignore,
+        cfg.round_to,
+        cfg.iterative_steps,
+        calib_loader=ctx.data.train_loader(seed=ctx.seed) if cfg.importance == "taylor" else None,
+    )
     return ctx.torch_result(model)
 
 
 class DistillConfig(TrainSettings, StageConfig):
     type: Literal["distill"] = "distill"
-    teacher: Optional[str] = Field("auto", description="auto (the model before the last prune), a stage name, a checkpoint, or null")
+    teacher: Optional[str] = Field(
+        "auto", description="auto (the model before the last prune), a stage name, a checkpoint, or null"
+    )
     temperature: float = Field(4.0, gt=0)
     alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft (teacher) loss")
     epochs: int = Field(8, ge=0)
@@ -83,18 +122,36 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
     """Fine-tune with logit distillation from a teacher; plain fine-tuning without one."""
     teacher, teacher_from = ctx.resolve_teacher(cfg.teacher)
     model = ctx.model
-    res = fit(model, ctx.data, cfg, ctx.device, seed=ctx.seed, teacher=teacher, temperature=cfg.temperature, alpha=cfg.alpha, label=cfg.name)
-    return ctx.torch_result(model, accuracy=res.accuracy, time_to_accuracy_s=res.time_to_accuracy_s,
-                            extra={"teacher": teacher_from, **res.metrics(cfg)})
+    res = fit(
+        model,
+        ctx.data,
+        cfg,
+        ctx.device,
+        seed=ctx.seed,
+        teacher=teacher,
+        temperature=cfg.temperature,
+        alpha=cfg.alpha,
+        label=cfg.name,
+    )
+    return ctx.torch_result(
+        model,
+        accuracy=res.accuracy,
+        time_to_accuracy_s=res.time_to_accuracy_s,
+        extra={"teacher": teacher_from, **res.metrics(cfg)},
+    )
 
 
 class QuantizeConfig(StageConfig):
     type: Literal["quantize"] = "quantize"
-    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="{selector, n}: the samples that calibrate activations")
+    calibration: CalibrationConfig = Field(
+        default_factory=CalibrationConfig, description="{selector, n}: the samples that calibrate activations"
+    )
     method: Literal["minmax", "percentile", "entropy"] = "percentile"
     per_channel: bool = True
     exclude: list[str] = Field(default_factory=list, description="ONNX node names left in float")
-    reduce_range: Union[bool, Literal["auto"]] = Field("auto", description="7-bit weights; auto: when the CPU lacks VNNI")
+    reduce_range: Union[bool, Literal["auto"]] = Field(
+        "auto", description="7-bit weights; auto: when the CPU lacks VNNI"
+    )
 
 
 @register_stage("quantize", QuantizeConfig)
@@ -106,7 +163,21 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
 
         src = export_onnx(ctx.model, ctx.stage_dir / "fp32.onnx")
     reduce_range = resolve_reduce_range(cfg.reduce_range)
-    out = quantize_onnx(src, ctx.stage_dir / "model.onnx", ctx.calibration_loader(cfg.calibration), cfg.method, cfg.per_channel, cfg.exclude,
-                        reduce_range)
-    return ctx.artifact_result(out, extra={"calibration": cfg.calibration.model_dump(), "method": cfg.method, "reduce_range": reduce_range,
-                                       "fp32_onnx_bytes": Path(src).stat().st_size})
+    out = quantize_onnx(
+        src,
+        ctx.stage_dir / "model.onnx",
+        ctx.calibration_loader(cfg.calibration),
+        cfg.method,
+        cfg.per_channel,
+        cfg.exclude,
+        reduce_range,
+    )
+    return ctx.artifact_result(
+        out,
+        extra={
+            "calibration": cfg.calibration.model_dump(),
+            "method": cfg.method,
+            "reduce_range": reduce_range,
+            "fp32_onnx_bytes": Path(src).stat().st_size,
+        },
+    )

@@ -1,4 +1,5 @@
 """Datasets by card name: load_dataset() gives train/val splits, transforms and loaders."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -57,7 +58,11 @@ class DatasetBundle:
         size = self.card.image_size
         if self.modality == "points":
             return [self.card.channels, self.config.num_points or self.card.num_points]
-        return [3, self.config.num_frames or self.card.num_frames, size, size] if self.modality == "video" else [3, size, size]
+        return (
+            [3, self.config.num_frames or self.card.num_frames, size, size]
+            if self.modality == "video"
+            else [3, size, size]
+        )
 
     @property
     def bad_samples(self) -> list[tuple[str, str]]:
@@ -65,8 +70,14 @@ class DatasetBundle:
         return [b for r in seen.values() for b in r.bad]
 
     def summary(self) -> dict[str, Any]:
-        out = {"name": self.name, "modality": self.modality, "train_size": len(self.train), "val_size": len(self.val),
-               "num_classes": self.num_classes, "bad_samples": len(self.bad_samples)}
+        out = {
+            "name": self.name,
+            "modality": self.modality,
+            "train_size": len(self.train),
+            "val_size": len(self.val),
+            "num_classes": self.num_classes,
+            "bad_samples": len(self.bad_samples),
+        }
         if self.modality in ("video", "points"):
             out["sampler"] = self.card.sampler_name(self.config)
         if self.modality == "video":
@@ -75,8 +86,15 @@ class DatasetBundle:
             out.update(_parent(self.train).summary())
         return out
 
-    def train_loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True, with_index: bool = False,
-                     rank: int = 0, world: int = 1) -> DataLoader:
+    def train_loader(
+        self,
+        batch_size: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        with_index: bool = False,
+        rank: int = 0,
+        world: int = 1,
+    ) -> DataLoader:
         """Shuffled, augmented training batches; with_index adds each sample's index in the split
         (the loop uses it for sample weights and per-sample statistics). With world > 1 a
         distributed sampler gives this rank its share (call loader.sampler.set_epoch each epoch)."""
@@ -84,35 +102,74 @@ class DatasetBundle:
         ds = _Transformed(self.train, self.train_tf, with_index)
         sampler = None
         if world > 1:
-            sampler = torch.utils.data.DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
+            sampler = torch.utils.data.DistributedSampler(
+                ds, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=True
+            )
             shuffle = False
-        return DataLoader(ds, batch_size=bs, shuffle=shuffle, sampler=sampler, drop_last=len(self.train) // world > bs,
-                          num_workers=self.config.num_workers, generator=torch.Generator().manual_seed(seed),
-                          persistent_workers=self.config.num_workers > 0)
+        return DataLoader(
+            ds,
+            batch_size=bs,
+            shuffle=shuffle,
+            sampler=sampler,
+            drop_last=len(self.train) // world > bs,
+            num_workers=self.config.num_workers,
+            generator=torch.Generator().manual_seed(seed),
+            persistent_workers=self.config.num_workers > 0,
+        )
 
-    def tensor_train_loader(self, batch_size: int | None, device: torch.device, seed: int = 0, translate: int | None = None,
-                            rank: int = 0, world: int = 1) -> TensorBatches:
+    def tensor_train_loader(
+        self,
+        batch_size: int | None,
+        device: torch.device,
+        seed: int = 0,
+        translate: int | None = None,
+        rank: int = 0,
+        world: int = 1,
+    ) -> TensorBatches:
         """Training batches from the whole split held as a uint8 tensor on `device`, augmented
         on the device (mirror when the card allows it, translate); images only."""
         c = self.card
         if self.modality != "image":
-            raise EffvisionError(f"tensor_data holds images in memory; dataset {self.name} is {self.modality} (turn tensor_data off)")
+            raise EffvisionError(
+                f"tensor_data holds images in memory; dataset {self.name} is {self.modality} (turn tensor_data off)"
+            )
         if c.train_crop != "pad":
-            raise EffvisionError(f"tensor_data augments by translation; dataset {self.name} asks for train_crop: {c.train_crop}")
+            raise EffvisionError(
+                f"tensor_data augments by translation; dataset {self.name} asks for train_crop: {c.train_crop}"
+            )
         images = stack_images(self.train, c.image_size)
-        return TensorBatches(images, self.train.targets, c.mean, c.std, batch_size or self.config.batch_size, device, seed=seed,
-                             hflip=c.hflip, translate=c.image_size // 8 if translate is None else translate, rank=rank, world=world)
+        return TensorBatches(
+            images,
+            self.train.targets,
+            c.mean,
+            c.std,
+            batch_size or self.config.batch_size,
+            device,
+            seed=seed,
+            hflip=c.hflip,
+            translate=c.image_size // 8 if translate is None else translate,
+            rank=rank,
+            world=world,
+        )
 
     def val_loader(self, batch_size: int | None = None) -> DataLoader:
-        return DataLoader(_Transformed(self.val, self.eval_tf), batch_size=batch_size or self.config.eval_batch_size,
-                          shuffle=False, num_workers=self.config.num_workers)
+        return DataLoader(
+            _Transformed(self.val, self.eval_tf),
+            batch_size=batch_size or self.config.eval_batch_size,
+            shuffle=False,
+            num_workers=self.config.num_workers,
+        )
 
     def train_eval_loader(self, indices: Sequence[int] | None = None, batch_size: int | None = None) -> DataLoader:
         """Training samples (all, or these indices) in order, with evaluation transforms: what a
         model is scored on for selection, and what the deployed model will see (calibration)."""
         ds = self.train if indices is None else torch.utils.data.Subset(self.train, list(indices))
-        return DataLoader(_Transformed(ds, self.eval_tf), batch_size=batch_size or self.config.eval_batch_size, shuffle=False,
-                          num_workers=self.config.num_workers)
+        return DataLoader(
+            _Transformed(ds, self.eval_tf),
+            batch_size=batch_size or self.config.eval_batch_size,
+            shuffle=False,
+            num_workers=self.config.num_workers,
+        )
 
     def with_train_subset(self, indices: Sequence[int], weights: Optional[Sequence[float]] = None) -> "DatasetBundle":
         """This bundle training on a subset of its training split (a selected coreset)."""
@@ -167,9 +224,13 @@ def load_dataset(config: DataConfig | str | None = None, seed: int = 0) -> Datas
     reader = DATASETS.get(card.source)
     train, val = reader(card, config, progress=track)
     if train.classes != val.classes:
-        raise EffvisionError(f"dataset {card.name}: train and val have different classes ({len(train.classes)} vs {len(val.classes)})")
+        raise EffvisionError(
+            f"dataset {card.name}: train and val have different classes ({len(train.classes)} vs {len(val.classes)})"
+        )
     if card.num_classes and card.num_classes != len(train.classes):
-        raise EffvisionError(f"dataset {card.name}: the card says {card.num_classes} classes, the data has {len(train.classes)}")
+        raise EffvisionError(
+            f"dataset {card.name}: the card says {card.num_classes} classes, the data has {len(train.classes)}"
+        )
     train = stratified_subset(train, config.max_train_samples, seed)
     val = stratified_subset(val, config.max_val_samples, seed)
     return DatasetBundle(card.name, card.modality, card, config, train, val, list(train.classes))

@@ -1,6 +1,7 @@
 """Zip archives from the wild, opened safely: member names that would land outside the target
 folder (zip-slip: `../x`, `/etc/x`, `C:\\x`) and absurd uncompressed sizes (zip bombs) are refused
 before a byte is written or read; extraction lands whole or not at all."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,9 +13,9 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import EffvisionError
 
-MAX_MEMBER_BYTES = 8 << 30   # one image, video or point cloud: 8 GiB is already absurd
-MAX_RATIO = 1000             # deflate reaches ~1000:1 only on degenerate data, a bomb's signature
-RATIO_FLOOR = 1 << 20        # small members may compress far (blank images), harmless
+MAX_MEMBER_BYTES = 8 << 30  # one image, video or point cloud: 8 GiB is already absurd
+MAX_RATIO = 1000  # deflate reaches ~1000:1 only on degenerate data, a bomb's signature
+RATIO_FLOOR = 1 << 20  # small members may compress far (blank images), harmless
 DONE = ".effvision-extracted"
 
 
@@ -43,11 +44,15 @@ def check_members(zf: zipfile.ZipFile, where: str | Path) -> list[zipfile.ZipInf
         if info.is_dir():
             continue
         if info.file_size > MAX_MEMBER_BYTES:
-            raise ArchiveError(f"{where}: refused member {info.filename!r}: {info.file_size / 2**30:.1f} GiB uncompressed "
-                               f"(limit {MAX_MEMBER_BYTES >> 30} GiB)")
+            raise ArchiveError(
+                f"{where}: refused member {info.filename!r}: {info.file_size / 2**30:.1f} GiB uncompressed "
+                f"(limit {MAX_MEMBER_BYTES >> 30} GiB)"
+            )
         if info.file_size > RATIO_FLOOR and info.file_size > MAX_RATIO * max(info.compress_size, 1):
-            raise ArchiveError(f"{where}: refused member {info.filename!r}: expands {info.file_size // max(info.compress_size, 1)}x "
-                               f"(limit {MAX_RATIO}x; a zip bomb?)")
+            raise ArchiveError(
+                f"{where}: refused member {info.filename!r}: expands {info.file_size // max(info.compress_size, 1)}x "
+                f"(limit {MAX_RATIO}x; a zip bomb?)"
+            )
         members.append(info)
     return members
 
@@ -91,7 +96,9 @@ def extract_once(archive: str | Path, cache_dir: str | Path) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(dest.parent).free
         if need > free:
-            raise ArchiveError(f"{archive}: needs {need / 2**30:.1f} GiB to extract, {free / 2**30:.1f} GiB free under {dest.parent}")
+            raise ArchiveError(
+                f"{archive}: needs {need / 2**30:.1f} GiB to extract, {free / 2**30:.1f} GiB free under {dest.parent}"
+            )
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
         try:
             for info in members:

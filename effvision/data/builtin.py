@@ -1,4 +1,5 @@
 """Built-in image dataset readers: the embedded digits and any ImageFolder folder or zip."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,14 +26,19 @@ def digits(card, config, progress=None):
     y = d.target.tolist()
     tr, va = train_test_split(list(range(len(y))), test_size=0.2, stratify=y, random_state=0)
     classes = [str(i) for i in range(10)]
-    return (TensorImageDataset(x[tr], [y[i] for i in tr], classes), TensorImageDataset(x[va], [y[i] for i in va], classes))
+    return (
+        TensorImageDataset(x[tr], [y[i] for i in tr], classes),
+        TensorImageDataset(x[va], [y[i] for i in va], classes),
+    )
 
 
 def data_root(card, config) -> Path:
     """The folder a card's data lives in: data.root, else the card's root; it must exist."""
     root_str = config.root or card.root
     if not root_str:
-        raise EffvisionError(f"dataset {card.name} needs a path: pass --set data.root=<folder holding {card.train or 'train/'}>")
+        raise EffvisionError(
+            f"dataset {card.name} needs a path: pass --set data.root=<folder holding {card.train or 'train/'}>"
+        )
     root = Path(root_str).expanduser()
     if not root.exists():
         raise EffvisionError(f"data path not found: {root}")
@@ -46,7 +52,7 @@ def data_root(card, config) -> Path:
 
 
 def split_path(root: Path, given: str | None, defaults: tuple[str, ...]) -> Path:
-    for name in ([given] if given else list(defaults)):
+    for name in [given] if given else list(defaults):
         if (root / name).exists():
             return root / name
     tried = given or " or ".join(defaults)

@@ -1,4 +1,5 @@
 """Dataset cards: declarative YAML under data/ saying where a dataset is and how to feed it."""
+
 from __future__ import annotations
 
 from typing import Any, Literal, Optional
@@ -35,18 +36,32 @@ class DatasetCard(Strict):
     train_crop: Literal["pad", "resized"] = "pad"
     # video
     num_frames: int = Field(8, gt=0, description="frames per clip (video)")
-    sampler: Optional[str] = Field(None, description="video: tsn (default), dense, keyframes, motion; points: fps (default), voxel, random, uniform")
-    sampler_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {stride: 2} for dense, {voxel_size: 0.03} for voxel")
-    resize: Optional[int] = Field(None, gt=0, description="short side frames are decoded at, >= image_size (default image_size)")
+    sampler: Optional[str] = Field(
+        None,
+        description="video: tsn (default), dense, keyframes, motion; points: fps (default), voxel, random, uniform",
+    )
+    sampler_options: dict[str, Any] = Field(
+        default_factory=dict, description="e.g. {stride: 2} for dense, {voxel_size: 0.03} for voxel"
+    )
+    resize: Optional[int] = Field(
+        None, gt=0, description="short side frames are decoded at, >= image_size (default image_size)"
+    )
     # points
     num_points: int = Field(1024, gt=0, description="points per cloud the model sees (points)")
-    cache_points: int = Field(2048, gt=0, description="points per file kept in the cache (farthest-point sampled), >= num_points")
+    cache_points: int = Field(
+        2048, gt=0, description="points per file kept in the cache (farthest-point sampled), >= num_points"
+    )
     mesh_points: int = Field(4096, gt=0, description="points sampled on a mesh's surface (OFF, OBJ, STL, PLY meshes)")
-    bin_width: Optional[int] = Field(None, ge=3, description="float32 values per .bin record (KITTI 4, nuScenes 5); default: guessed per file")
+    bin_width: Optional[int] = Field(
+        None, ge=3, description="float32 values per .bin record (KITTI 4, nuScenes 5); default: guessed per file"
+    )
     channels: int = Field(3, ge=3, description="values per point fed to the model: xyz, then colour/intensity")
     up_axis: Literal["x", "y", "z"] = "z"
     augment: PointAugment = Field(default_factory=PointAugment)
-    cache_dir: str = Field("runs/cache", description="where sampled clouds are cached as .npz (points; generated data caches beside itself)")
+    cache_dir: str = Field(
+        "runs/cache",
+        description="where sampled clouds are cached as .npz (points; generated data caches beside itself)",
+    )
     generate: dict[str, Any] = Field(default_factory=dict, description="parameters of a generated dataset")
     description: str = ""
 

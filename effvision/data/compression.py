@@ -6,6 +6,7 @@ Images are re-encoded with Pillow (longest side capped, JPEG/WebP quality), vide
 reduced to one point per voxel or to N farthest points and stored as float32 .npy. Files of other
 kinds are copied unchanged; a file that cannot be read is counted and named, never fatal.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,15 +35,15 @@ IMAGE_FORMATS = {"jpeg": ".jpg", "webp": ".webp", "png": ".png"}
 class Levels:
     """What to reduce; None leaves that aspect as it is."""
 
-    max_size: Optional[int] = None          # images: longest side in pixels
-    quality: Optional[int] = None           # images: JPEG/WebP quality 1-100
+    max_size: Optional[int] = None  # images: longest side in pixels
+    quality: Optional[int] = None  # images: JPEG/WebP quality 1-100
     image_format: Literal["jpeg", "webp", "png"] = "jpeg"
-    stride: Optional[int] = None            # videos: keep every k-th frame (the frame rate drops k times)
-    keyframes: bool = False                 # videos: keep key frames only
-    short_side: Optional[int] = None        # videos: re-encode at this short side
-    crf: int = 23                           # videos: libx264 constant rate factor (higher: smaller, worse)
-    voxel_size: Optional[float] = None      # points: one point per voxel of this size (file units)
-    num_points: Optional[int] = None        # points: keep this many (farthest-point sampled)
+    stride: Optional[int] = None  # videos: keep every k-th frame (the frame rate drops k times)
+    keyframes: bool = False  # videos: keep key frames only
+    short_side: Optional[int] = None  # videos: re-encode at this short side
+    crf: int = 23  # videos: libx264 constant rate factor (higher: smaller, worse)
+    voxel_size: Optional[float] = None  # points: one point per voxel of this size (file units)
+    num_points: Optional[int] = None  # points: keep this many (farthest-point sampled)
 
     def check(self) -> None:
         if self.max_size is not None and self.max_size < 1:
@@ -72,7 +73,9 @@ def compress_image(data: bytes, lv: Levels) -> tuple[bytes, str]:
         img = img.convert("RGB")
     if lv.max_size and max(img.size) > lv.max_size:
         scale = lv.max_size / max(img.size)
-        img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.LANCZOS)
+        img = img.resize(
+            (max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.LANCZOS
+        )
     buf = io.BytesIO()
     kwargs = {"quality": lv.quality} if lv.quality and lv.image_format != "png" else {}
     img.save(buf, format=lv.image_format.upper(), **kwargs)
@@ -99,7 +102,9 @@ def compress_video(path: Path, lv: Levels) -> tuple[bytes, str]:
         frames, rate = frames[:: lv.stride], rate / lv.stride
     times = [f.time for f in frames if f.time is not None]
     if lv.keyframes and len(times) > 1 and times[-1] > times[0]:
-        rate = Fraction(max(1, round((len(times) - 1) / (times[-1] - times[0]))))  # key frames spread over the clip's duration
+        rate = Fraction(
+            max(1, round((len(times) - 1) / (times[-1] - times[0])))
+        )  # key frames spread over the clip's duration
     w, h = frames[0].width, frames[0].height
     w, h = target_size(w, h, lv.short_side) if lv.short_side else (w, h)
     w, h = w - w % 2, h - h % 2
@@ -110,7 +115,10 @@ def compress_video(path: Path, lv: Levels) -> tuple[bytes, str]:
         ostream.options = {"crf": str(lv.crf), "preset": "veryfast"}
         for i, f in enumerate(frames):
             frame = f.reformat(width=w, height=h, format="yuv420p")
-            frame.pts, frame.time_base = i, 1 / Fraction(rate)  # renumbered: kept frames are evenly spaced at the new rate
+            frame.pts, frame.time_base = (
+                i,
+                1 / Fraction(rate),
+            )  # renumbered: kept frames are evenly spaced at the new rate
             for packet in ostream.encode(frame):
                 out.mux(packet)
         for packet in ostream.encode():
@@ -123,7 +131,9 @@ def compress_points(path: Path, lv: Levels) -> tuple[bytes, str]:
 
     points = read_points(path)
     if lv.voxel_size:
-        points = points[VoxelPointSampler(num_points=len(points), voxel_size=lv.voxel_size).indices(points, False, None)]
+        points = points[
+            VoxelPointSampler(num_points=len(points), voxel_size=lv.voxel_size).indices(points, False, None)
+        ]
     if lv.num_points and len(points) > lv.num_points:
         points = points[FarthestPointSampler(num_points=lv.num_points).indices(points, False, np.random.default_rng(0))]
     buf = io.BytesIO()
@@ -211,13 +221,23 @@ def compress_dataset(src: str | Path, dst: str | Path, lv: Levels, progress=None
     else:
         dst.parent.mkdir(parents=True, exist_ok=True)
     writer, out_source = _Writer(dst), None
-    stats = {"files": len(names), "compressed": 0, "copied": 0, "failed": [], "bytes_before": 0, "bytes_after": 0, "kinds": {}}
+    stats = {
+        "files": len(names),
+        "compressed": 0,
+        "copied": 0,
+        "failed": [],
+        "bytes_before": 0,
+        "bytes_after": 0,
+        "kinds": {},
+    }
     written: list[tuple[str, str]] = []
     try:
         for name in (progress or (lambda it, **_: it))(names, description=f"compressing {src.name}"):
             data = source.read(name)
             stats["bytes_before"] += len(data)
-            kind = "image" if is_image(name) else "video" if is_video(name) else "points" if is_point_file(name) else None
+            kind = (
+                "image" if is_image(name) else "video" if is_video(name) else "points" if is_point_file(name) else None
+            )
             new_name, out = name, data
             try:
                 if kind == "image":
@@ -233,7 +253,9 @@ def compress_dataset(src: str | Path, dst: str | Path, lv: Levels, progress=None
                 else:
                     stats["copied"] += 1
             except Exception as exc:  # noqa: BLE001  (any unreadable file is named and skipped)
-                stats["failed"].append({"path": source.where(name), "error": (str(exc).splitlines() or [type(exc).__name__])[0]})
+                stats["failed"].append(
+                    {"path": source.where(name), "error": (str(exc).splitlines() or [type(exc).__name__])[0]}
+                )
                 continue
             writer.write(new_name, out)
             stats["bytes_after"] += len(out)

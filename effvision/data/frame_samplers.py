@@ -8,6 +8,7 @@ decoded frames is data compression for video; each sampler reports how many it d
 - motion: score frames by frame difference on a cheap low-resolution decode and keep the top-k
   in temporal order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,12 +54,21 @@ class FrameSampler:
         """Frame indices; `position` (0..1) places an evaluation clip in the video."""
         raise NotImplementedError
 
-    def select(self, video: Video, train: bool, rng: np.random.Generator, position: float = 0.5) -> tuple[list[int], int]:
+    def select(
+        self, video: Video, train: bool, rng: np.random.Generator, position: float = 0.5
+    ) -> tuple[list[int], int]:
         """The frame indices, and the frames decoded to choose them (0 unless a sampler scans)."""
         return self.indices(video, train, rng, position), 0
 
-    def clip(self, path: str | Path, short_side: int | None, train: bool = False, rng: np.random.Generator | None = None,
-             backend: str = "auto", position: float = 0.5) -> Clip:
+    def clip(
+        self,
+        path: str | Path,
+        short_side: int | None,
+        train: bool = False,
+        rng: np.random.Generator | None = None,
+        backend: str = "auto",
+        position: float = 0.5,
+    ) -> Clip:
         rng = rng or np.random.default_rng(0)
         video = open_video(path, short_side, backend)
         try:

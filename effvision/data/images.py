@@ -1,4 +1,5 @@
 """Image datasets: ImageFolder trees in a folder or a .zip, and in-memory tensors (digits)."""
+
 from __future__ import annotations
 
 import io
@@ -128,7 +129,13 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     cache budget (cache_budget(), or cache_bytes); a larger dataset streams from its files.
     """
 
-    def __init__(self, path: str | Path, on_bad_sample: str = "skip", progress: Callable | None = None, cache_bytes: int | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        on_bad_sample: str = "skip",
+        progress: Callable | None = None,
+        cache_bytes: int | None = None,
+    ):
         self.source = FileSource(path)
         budget = cache_budget() if cache_bytes is None else cache_bytes
         self.classes, entries = imagefolder_entries(self.source.names())
@@ -145,7 +152,9 @@ class ImageFolderDataset(torch.utils.data.Dataset):
             except Exception as exc:  # noqa: BLE001  (PIL raises many types for bad files)
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if on_bad_sample == "fail":
-                    raise EffvisionError(f"corrupt image {self.source.where(name)}: {reason} (set data.on_bad_sample=skip to skip such files)") from None
+                    raise EffvisionError(
+                        f"corrupt image {self.source.where(name)}: {reason} (set data.on_bad_sample=skip to skip such files)"
+                    ) from None
                 self.report.bad.append((self.source.where(name), reason))
                 continue
             self.samples.append((name, label))

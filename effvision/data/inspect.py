@@ -1,4 +1,5 @@
 """`effvision data inspect`: decode every file under a path (folder, .zip or file), one status each."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +11,16 @@ from .video_io import VIDEO_EXTS, VideoError, is_video, open_video
 
 
 def _status(path: str, kind=None, shape=None, error=None, **more) -> dict:
-    return {"path": path, "ok": error is None, "kind": kind, "shape": shape, "frames": None, "points": None, "error": error, **more}
+    return {
+        "path": path,
+        "ok": error is None,
+        "kind": kind,
+        "shape": shape,
+        "frames": None,
+        "points": None,
+        "error": error,
+        **more,
+    }
 
 
 def inspect_video(source: FileSource, name: str) -> dict:
@@ -73,4 +83,7 @@ def inspect_path(path: str | Path, progress=None, bin_width: int | None = None) 
         return [inspect_one(FileSource(path.parent), path.name, bin_width)]
     source = FileSource(path)
     names = source.names()
-    return [inspect_one(source, n, bin_width) for n in (progress or (lambda it, **_: it))(names, description=f"inspecting {path.name}")]
+    return [
+        inspect_one(source, n, bin_width)
+        for n in (progress or (lambda it, **_: it))(names, description=f"inspecting {path.name}")
+    ]

@@ -1,5 +1,6 @@
 """Dataset layouts shared by the video and point-cloud readers: class-per-folder trees,
 ModelNet's `<class>/<split>/<file>` tree and annotation lists (`path label` lines or CSV)."""
+
 from __future__ import annotations
 
 import csv
@@ -7,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import EffvisionError
-from .builtin import split_path, data_root
+from .builtin import data_root, split_path
 
 Accept = Callable[[str], bool]  # does a file name belong to the dataset (by extension)?
 
@@ -26,10 +27,14 @@ def folder_entries(root: Path, accept: Accept, kind: str = "files") -> tuple[lis
     return sorted({c for _, c in pairs}), pairs
 
 
-def modelnet_entries(root: Path, split: str, accept: Accept, kind: str = "files") -> tuple[list[str], list[tuple[Path, str]]]:
+def modelnet_entries(
+    root: Path, split: str, accept: Accept, kind: str = "files"
+) -> tuple[list[str], list[tuple[Path, str]]]:
     """(file, class) pairs of ModelNet's layout, <root>/<class>/<split>/<file>; the classes are
     every class folder (a class may lack files in one split)."""
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")) if root.is_dir() else []
+    classes = (
+        sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")) if root.is_dir() else []
+    )
     pairs = [(p, c) for c in classes if (root / c / split).is_dir() for p in _files(root / c / split, accept)]
     if not pairs:
         raise EffvisionError(f"no {kind} in ModelNet layout (<class>/{split}/<file>) under {root}")
@@ -63,7 +68,9 @@ def list_entries(list_file: Path, root: Path, accept: Accept) -> list[tuple[Path
         rel = rel.strip()
         label = label.strip() or Path(rel).parent.name
         if not label:
-            raise EffvisionError(f"{list_file}:{n}: no label for {rel} (write `path label`, or put the file in a class folder)")
+            raise EffvisionError(
+                f"{list_file}:{n}: no label for {rel} (write `path label`, or put the file in a class folder)"
+            )
         pairs.append((root / rel, label))
     if not pairs:
         raise EffvisionError(f"annotation list {list_file} has no entries")
@@ -85,7 +92,9 @@ def label_indices(pairs: list[tuple[Path, str]], classes: list[str]) -> list[tup
     return [(p, index[c]) for p, c in pairs]
 
 
-def folder_splits(card, config, accept: Accept, kind: str) -> tuple[list[str], list[tuple[Path, str]], list[tuple[Path, str]]]:
+def folder_splits(
+    card, config, accept: Accept, kind: str
+) -> tuple[list[str], list[tuple[Path, str]], list[tuple[Path, str]]]:
     """(classes, train pairs, val pairs) of <root>/<train>/<class>/<file> and the val split
     (card train/val name the folders; defaults train, and val or test)."""
     root = data_root(card, config)

@@ -4,6 +4,7 @@ open3d reads PLY, PCD (ascii, binary, binary_compressed), OBJ and STL, and sampl
 mesh surfaces. Small readers cover what it cannot: OFF with ModelNet's header defect
 (`OFF3514 3546 0` on one line), raw LiDAR `.bin` records (float32 x 4, 5 or 6), XYZ/TXT and NPY.
 Every failure is a PointCloudError naming the file."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +29,9 @@ def _open3d():
     try:
         import open3d as o3d
     except (ImportError, OSError) as exc:  # OSError: libusb-1.0 missing
-        raise PointCloudError(f"open3d is not usable ({str(exc).splitlines()[0]}); install open3d-cpu (and libusb-1.0-0)") from None
+        raise PointCloudError(
+            f"open3d is not usable ({str(exc).splitlines()[0]}); install open3d-cpu (and libusb-1.0-0)"
+        ) from None
     o3d.utility.set_verbosity_level(o3d.utility.VerbosityLevel.Error)
     return o3d
 
@@ -38,7 +41,9 @@ def _sample_mesh(path: Path, vertices: np.ndarray, triangles: np.ndarray, n: int
     if len(triangles) == 0:
         return vertices.astype(np.float32)
     o3d = _open3d()
-    mesh = o3d.geometry.TriangleMesh(o3d.utility.Vector3dVector(vertices.astype(np.float64)), o3d.utility.Vector3iVector(triangles.astype(np.int32)))
+    mesh = o3d.geometry.TriangleMesh(
+        o3d.utility.Vector3dVector(vertices.astype(np.float64)), o3d.utility.Vector3iVector(triangles.astype(np.int32))
+    )
     o3d.utility.random.seed(seed)
     points = np.asarray(mesh.sample_points_uniformly(number_of_points=n).points, dtype=np.float32)
     if not len(points):
@@ -53,7 +58,9 @@ def read_off(path: Path) -> tuple[np.ndarray, np.ndarray]:
     lines = [ln.split("#")[0].strip() for ln in tokens]
     lines = [ln for ln in lines if ln]
     if not lines or not lines[0].upper().startswith("OFF"):
-        raise PointCloudError(f"{path}: not an OFF file (first line {lines[0][:30]!r})" if lines else f"{path}: empty file")
+        raise PointCloudError(
+            f"{path}: not an OFF file (first line {lines[0][:30]!r})" if lines else f"{path}: empty file"
+        )
     head = lines[0][3:].split()
     body = lines[1:]
     if not head:
@@ -62,22 +69,26 @@ def read_off(path: Path) -> tuple[np.ndarray, np.ndarray]:
         nv, nf = int(head[0]), int(head[1])
         verts = np.array([body[i].split()[:3] for i in range(nv)], dtype=np.float64)
     except (IndexError, ValueError):
-        raise PointCloudError(f"{path}: OFF header or vertex lines do not match (header says {' '.join(head[:3])}, "
-                              f"{len(body)} lines follow)") from None
+        raise PointCloudError(
+            f"{path}: OFF header or vertex lines do not match (header says {' '.join(head[:3])}, "
+            f"{len(body)} lines follow)"
+        ) from None
     tris = []
-    for n, line in enumerate(body[nv:nv + nf]):
+    for n, line in enumerate(body[nv : nv + nf]):
         try:
             idx = [int(v) for v in line.split()]
         except ValueError:
             raise PointCloudError(f"{path}: face {n} is not a row of integers ({line[:40]!r})") from None
         k = idx[0] if idx else 0
-        poly = idx[1:1 + k]
+        poly = idx[1 : 1 + k]
         if k < 3 or len(poly) < k:
             raise PointCloudError(f"{path}: face {n} lists {len(poly)} of its {k} vertex indices (truncated file?)")
         tris += [(poly[0], poly[j], poly[j + 1]) for j in range(1, k - 1)]
     faces = np.array(tris, dtype=np.int64).reshape(-1, 3)
     if len(body) < nv + nf or (len(faces) and (faces.max() >= nv or faces.min() < 0)):
-        raise PointCloudError(f"{path}: OFF file is truncated or its faces index missing vertices ({nv} vertices, {nf} faces declared)")
+        raise PointCloudError(
+            f"{path}: OFF file is truncated or its faces index missing vertices ({nv} vertices, {nf} faces declared)"
+        )
     return verts, faces
 
 
@@ -85,12 +96,30 @@ def read_bin(path: Path, width: int) -> np.ndarray:
     """Raw float32 records of `width` values (KITTI 4, nuScenes 5, ScanNet/SUN RGB-D 6)."""
     size = path.stat().st_size
     if size == 0 or size % (4 * width):
-        raise PointCloudError(f"{path}: {size} bytes is not a whole number of {width}-float32 records (set bin_width: 4, 5 or 6)")
+        raise PointCloudError(
+            f"{path}: {size} bytes is not a whole number of {width}-float32 records (set bin_width: 4, 5 or 6)"
+        )
     return np.fromfile(path, dtype=np.float32).reshape(-1, width)
 
 
-_PLY_BYTES = {"char": 1, "uchar": 1, "int8": 1, "uint8": 1, "short": 2, "ushort": 2, "int16": 2, "uint16": 2,
-              "int": 4, "uint": 4, "int32": 4, "uint32": 4, "float": 4, "float32": 4, "double": 8, "float64": 8}
+_PLY_BYTES = {
+    "char": 1,
+    "uchar": 1,
+    "int8": 1,
+    "uint8": 1,
+    "short": 2,
+    "ushort": 2,
+    "int16": 2,
+    "uint16": 2,
+    "int": 4,
+    "uint": 4,
+    "int32": 4,
+    "uint32": 4,
+    "float": 4,
+    "float32": 4,
+    "double": 8,
+    "float64": 8,
+}
 
 
 PCD_HEADER_LINES, PCD_HEADER_LINE_BYTES = 64, 4096  # a PCD header is about 11 short lines
@@ -131,7 +160,9 @@ def _check_pcd(path: Path) -> None:
         if kind == "ascii":
             have = sum(1 for line in f if line.strip())
             if have < points:
-                raise PointCloudError(f"{path}: truncated (the header declares {points} points, the file has {have} rows)")
+                raise PointCloudError(
+                    f"{path}: truncated (the header declares {points} points, the file has {have} rows)"
+                )
         elif kind == "binary":
             have, need = path.stat().st_size - f.tell(), points * sum(s * c for s, c in zip(sizes, counts))
             if have < need:
@@ -145,7 +176,7 @@ def _check_ply(path: Path) -> None:
     if not data.startswith(b"ply") or end < 0:
         raise PointCloudError(f"{path}: not a PLY file (no ply header)")
     header = data[:end].decode("ascii", "replace").splitlines()
-    body = data[data.index(b"\n", end) + 1:]
+    body = data[data.index(b"\n", end) + 1 :]
     ascii_format = any(line.startswith("format ascii") for line in header)
     elements, rows, least = [], 0, 0
     for line in header:
@@ -180,7 +211,9 @@ def _open3d_file(path: Path, mesh_points: int, seed: int) -> np.ndarray:
     cloud = o3d.io.read_point_cloud(str(path))
     points = np.asarray(cloud.points, dtype=np.float32)
     if not len(points):
-        raise PointCloudError(f"{path}: no points could be read (empty, truncated or not a {path.suffix[1:].upper()} file)")
+        raise PointCloudError(
+            f"{path}: no points could be read (empty, truncated or not a {path.suffix[1:].upper()} file)"
+        )
     if cloud.has_colors():
         points = np.concatenate([points, np.asarray(cloud.colors, dtype=np.float32)], axis=1)
     return points
@@ -212,7 +245,9 @@ def read_points(path: str | Path, mesh_points: int = 2048, bin_width: int = 4, s
     except PointCloudError:
         raise
     except Exception as exc:  # noqa: BLE001  (numpy, open3d and parsers raise many types on bad files)
-        raise PointCloudError(f"{path}: cannot read it ({(str(exc).splitlines() or [type(exc).__name__])[0][:160]})") from None
+        raise PointCloudError(
+            f"{path}: cannot read it ({(str(exc).splitlines() or [type(exc).__name__])[0][:160]})"
+        ) from None
     if points.ndim != 2 or points.shape[1] < 3:
         raise PointCloudError(f"{path}: expected rows of at least 3 values (x y z ...), got shape {points.shape}")
     points = points[np.isfinite(points[:, :3]).all(axis=1)]

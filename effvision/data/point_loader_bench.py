@@ -8,6 +8,7 @@ start, augmented and batched, as an epoch sees them.
 
     python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024 --dataset synthetic-shapes
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 import torch
 
 from ..models.points import farthest_point_sample
@@ -27,7 +27,11 @@ from .point_samplers import farthest_point_indices, normalize_unit_sphere
 
 
 def _width(path: Path) -> int:
-    return {"nuscenes": 5, "scannet": 6, "sunrgbd": 6}.get(path.name.split("__")[0], guess_bin_width(path)) if path.suffix == ".bin" else 4
+    return (
+        {"nuscenes": 5, "scannet": 6, "sunrgbd": 6}.get(path.name.split("__")[0], guess_bin_width(path))
+        if path.suffix == ".bin"
+        else 4
+    )
 
 
 def measure(files: list[Path], points: int, rounds: int) -> dict:
@@ -44,7 +48,14 @@ def measure(files: list[Path], points: int, rounds: int) -> dict:
             t = time.perf_counter()
             farthest_point_indices(xyz, points)
             open3d_s.append(time.perf_counter() - t)
-        fps_rows.append({"file": f.name, "points_in": len(cloud), "torch_ms": 1000 * statistics.median(torch_s), "open3d_ms": 1000 * statistics.median(open3d_s)})
+        fps_rows.append(
+            {
+                "file": f.name,
+                "points_in": len(cloud),
+                "torch_ms": 1000 * statistics.median(torch_s),
+                "open3d_ms": 1000 * statistics.median(open3d_s),
+            }
+        )
     loader = []
     for _ in range(rounds):
         t = time.perf_counter()
@@ -52,14 +63,20 @@ def measure(files: list[Path], points: int, rounds: int) -> dict:
             cloud = normalize_unit_sphere(read_points(f, bin_width=_width(f)))
             cloud[farthest_point_indices(cloud[:, :3].astype(np.float64), points)]
         loader.append(len(files) / (time.perf_counter() - t))
-    return {"points": points, "rounds": rounds, "files": len(files), "fps": fps_rows,
-            "loader_samples_per_s": statistics.median(loader), "loader_rounds": loader}
+    return {
+        "points": points,
+        "rounds": rounds,
+        "files": len(files),
+        "fps": fps_rows,
+        "loader_samples_per_s": statistics.median(loader),
+        "loader_rounds": loader,
+    }
 
 
 def cached_loader(dataset: str, points: int, rounds: int, batch_size: int = 32) -> dict:
     """Samples per second of full passes over a card's training loader (the cache built first)."""
-    from . import load_dataset
     from ..recipe import DataConfig
+    from . import load_dataset
 
     bundle = load_dataset(DataConfig(name=dataset, num_points=points, batch_size=batch_size))
     rates = []
@@ -68,7 +85,13 @@ def cached_loader(dataset: str, points: int, rounds: int, batch_size: int = 32) 
         for x, _ in bundle.train_loader():
             n += len(x)
         rates.append(n / (time.perf_counter() - t))
-    return {"dataset": dataset, "samples": len(bundle.train), "batch_size": batch_size, "samples_per_s": statistics.median(rates), "rounds": rates}
+    return {
+        "dataset": dataset,
+        "samples": len(bundle.train),
+        "batch_size": batch_size,
+        "samples_per_s": statistics.median(rates),
+        "rounds": rates,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dataset:
         result["cached"] = cached_loader(args.dataset, args.points, args.rounds)
         c = result["cached"]
-        print(f"{args.dataset} training loader (cache, FPS to {args.points}, augment, batch {c['batch_size']}): {c['samples_per_s']:.1f} samples/s")
+        print(
+            f"{args.dataset} training loader (cache, FPS to {args.points}, augment, batch {c['batch_size']}): {c['samples_per_s']:.1f} samples/s"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

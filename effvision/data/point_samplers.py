@@ -9,6 +9,7 @@ Fewer points is data compression for points; each sampler reports the points and
 
 Every sampler returns exactly N points (repeating points when a cloud has fewer), so clouds batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

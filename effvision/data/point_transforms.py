@@ -4,6 +4,7 @@ Training augmentations follow PointNet/PointNet++: rotation about the up axis, a
 scale, clipped Gaussian jitter and random point dropout (dropped points repeat the first point,
 so the count stays fixed and max pooling is unaffected). They draw from torch's RNG, which the
 training loop seeds and DataLoader workers reseed."""
+
 from __future__ import annotations
 
 import math

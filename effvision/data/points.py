@@ -9,6 +9,7 @@ size, mtime) and the reading options, so an epoch never re-reads a file. The .np
 a split larger than memory streams from disk through the page cache instead of being loaded whole.
 The card's sampler then draws `num_points` of those per sample (fresh draws in training).
 A file that cannot be read is skipped and counted, or stops the run with its path (on_bad_sample)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -23,8 +24,8 @@ from ..errors import EffvisionError
 from ..fileio import atomic_write
 from ..registry import DATASETS
 from .builtin import data_root
-from .images import ScanReport
 from .generated import generated_splits
+from .images import ScanReport
 from .layouts import folder_splits, label_indices, list_splits, modelnet_entries
 from .point_io import PointCloudError, guess_bin_width, is_point_file, read_points
 from .point_samplers import PointSampler, _fill, farthest_point_indices, get_point_sampler, normalize_unit_sphere
@@ -38,17 +39,29 @@ def prepare_cloud(path: Path, card, seed: int = 0) -> tuple[np.ndarray, int]:
     width = card.bin_width or (guess_bin_width(path) if path.suffix.lower() == ".bin" else 4)
     points = read_points(path, mesh_points=card.mesh_points, bin_width=width, seed=seed)
     if points.shape[1] < card.channels:
-        raise PointCloudError(f"{path}: {points.shape[1]} values per point, the card asks for channels: {card.channels}")
-    points = normalize_unit_sphere(points[:, :card.channels])
-    idx = farthest_point_indices(points, card.cache_points) if len(points) > card.cache_points else np.arange(len(points))
+        raise PointCloudError(
+            f"{path}: {points.shape[1]} values per point, the card asks for channels: {card.channels}"
+        )
+    points = normalize_unit_sphere(points[:, : card.channels])
+    idx = (
+        farthest_point_indices(points, card.cache_points) if len(points) > card.cache_points else np.arange(len(points))
+    )
     return _fill(points, idx, card.cache_points, np.random.default_rng(seed)).points, len(points)
 
 
 class PointCloudDataset(torch.utils.data.Dataset):
     """Clouds as (num_points, channels) float32 arrays (a transform makes them tensors)."""
 
-    def __init__(self, entries: list[tuple[Path, int]], classes: list[str], sampler: PointSampler, card, train: bool = False,
-                 on_bad_sample: str = "skip", progress: Callable | None = None):
+    def __init__(
+        self,
+        entries: list[tuple[Path, int]],
+        classes: list[str],
+        sampler: PointSampler,
+        card,
+        train: bool = False,
+        on_bad_sample: str = "skip",
+        progress: Callable | None = None,
+    ):
         self.classes, self.sampler, self.train = classes, sampler, train
         self.report = ScanReport(total=len(entries))
         cache = self._cache_file(entries, card)
@@ -69,7 +82,10 @@ class PointCloudDataset(torch.utils.data.Dataset):
 
     @staticmethod
     def _cache_file(entries, card) -> Path:
-        files = [(str(p.resolve()), *((p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (-1, -1)), y) for p, y in entries]
+        files = [
+            (str(p.resolve()), *((p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (-1, -1)), y)
+            for p, y in entries
+        ]
         options = [CACHE_VERSION, card.cache_points, card.mesh_points, card.bin_width, card.channels]
         key = hashlib.sha1(json.dumps([options, files]).encode()).hexdigest()[:20]
         return Path(card.cache_dir).expanduser() / "points" / f"{key}.npz"
@@ -80,8 +96,12 @@ class PointCloudDataset(torch.utils.data.Dataset):
         rows, targets, counts, sizes, bad = [], [], [], [], []
 
         def write_clouds(tmp: Path) -> None:
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(entries), card.cache_points, card.channels))
-            for row, (path, label) in enumerate((progress or (lambda it, **_: it))(entries, description="reading point clouds")):
+            out = np.lib.format.open_memmap(
+                tmp, mode="w+", dtype=np.float32, shape=(len(entries), card.cache_points, card.channels)
+            )
+            for row, (path, label) in enumerate(
+                (progress or (lambda it, **_: it))(entries, description="reading point clouds")
+            ):
                 try:
                     cloud, n = prepare_cloud(path, card)
                 except PointCloudError as exc:
@@ -99,8 +119,14 @@ class PointCloudDataset(torch.utils.data.Dataset):
 
         def write_meta(tmp: Path) -> None:
             with open(tmp, "wb") as f:
-                np.savez(f, rows=np.array(rows, np.int64), targets=np.array(targets, np.int64), source_points=np.array(counts, np.int64),
-                         source_bytes=np.array(sizes, np.int64), bad=np.array(json.dumps(bad)))
+                np.savez(
+                    f,
+                    rows=np.array(rows, np.int64),
+                    targets=np.array(targets, np.int64),
+                    source_points=np.array(counts, np.int64),
+                    source_bytes=np.array(sizes, np.int64),
+                    bad=np.array(json.dumps(bad)),
+                )
 
         atomic_write(cache.with_suffix(".npy"), write_clouds)
         atomic_write(cache, write_meta)  # last: the .npz marks the cache complete
@@ -118,22 +144,29 @@ class PointCloudDataset(torch.utils.data.Dataset):
         """Points and bytes per sample: in the files, and what the sampler keeps (every sampler
         returns exactly num_points float32 points of the cached channels)."""
         n, channels = self.sampler.num_points, self.clouds.shape[2]
-        return {"source_points_per_sample": round(float(self.source_points.mean()), 1),
-                "source_bytes_per_sample": round(float(self.source_bytes.mean()), 1),
-                "points_per_sample": n, "bytes_per_sample": n * channels * 4}
+        return {
+            "source_points_per_sample": round(float(self.source_points.mean()), 1),
+            "source_bytes_per_sample": round(float(self.source_bytes.mean()), 1),
+            "points_per_sample": n,
+            "bytes_per_sample": n * channels * 4,
+        }
 
 
 def _sampler(card, config) -> PointSampler:
     n = config.num_points or card.num_points
     if n > card.cache_points:
-        raise EffvisionError(f"dataset {card.name}: num_points ({n}) exceeds cache_points ({card.cache_points}); raise cache_points")
+        raise EffvisionError(
+            f"dataset {card.name}: num_points ({n}) exceeds cache_points ({card.cache_points}); raise cache_points"
+        )
     return get_point_sampler(card.sampler_name(config), n, **card.sampler_options)
 
 
 def _build(card, config, train_pairs, val_pairs, classes, progress):
     sampler = _sampler(card, config)
-    return tuple(PointCloudDataset(label_indices(pairs, classes), classes, sampler, card, train, config.on_bad_sample, progress)
-                 for pairs, train in ((train_pairs, True), (val_pairs, False)))
+    return tuple(
+        PointCloudDataset(label_indices(pairs, classes), classes, sampler, card, train, config.on_bad_sample, progress)
+        for pairs, train in ((train_pairs, True), (val_pairs, False))
+    )
 
 
 @DATASETS.register("pointfolder")

@@ -1,5 +1,6 @@
 """One constructor for every sampler in SAMPLERS (video frames, point clouds): unknown names
 and options list the valid ones for that modality."""
+
 from __future__ import annotations
 
 import inspect
@@ -19,5 +20,7 @@ def make_sampler(name: str, modality: str, size: dict, options: dict):
         return cls(**size, **options)
     except TypeError:
         allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self" and p not in size]
-        raise EffvisionError(f"sampler '{name}' takes {', '.join(allowed) or 'no options'} besides {', '.join(size)}; "
-                             f"got {', '.join(options)}") from None
+        raise EffvisionError(
+            f"sampler '{name}' takes {', '.join(allowed) or 'no options'} besides {', '.join(size)}; "
+            f"got {', '.join(options)}"
+        ) from None

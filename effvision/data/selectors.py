@@ -7,6 +7,7 @@ per kept sample). Score-based selectors keep the highest scores (the hardest or 
 samples), as their papers do; `keep: easy` takes the other end, which small budgets may prefer
 (Sorscher et al., "Beyond neural scaling laws", 2022).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -36,10 +37,16 @@ class CalibrationConfig(Strict):
     """Which training samples calibrate int8 activations: `n` of them chosen by `selector`,
     scored by the model being quantized (no proxy training)."""
 
-    selector: SelectorName = Field("class_balanced", description="a registered selector (kcenter, herding, random, ...)")
+    selector: SelectorName = Field(
+        "class_balanced", description="a registered selector (kcenter, herding, random, ...)"
+    )
     n: int = Field(256, gt=0, description="calibration samples")
-    pool: int = Field(4096, gt=0, description="a selector that scores samples sees this many (class-balanced at random), "
-                      "which bounds its cost on large datasets")
+    pool: int = Field(
+        4096,
+        gt=0,
+        description="a selector that scores samples sees this many (class-balanced at random), "
+        "which bounds its cost on large datasets",
+    )
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -47,12 +54,12 @@ class CalibrationConfig(Strict):
 class Signals:
     """What selectors look at, one row per sample of the split being selected from."""
 
-    targets: np.ndarray                       # (N,) int labels
+    targets: np.ndarray  # (N,) int labels
     num_classes: int
-    embeddings: Optional[np.ndarray] = None   # (N, D) penultimate features of the (proxy) model
-    probs: Optional[np.ndarray] = None        # (N, C) softmax of the (proxy) model, averaged over proxy runs
-    el2n: Optional[np.ndarray] = None         # (N,) ||softmax - onehot||_2, averaged over proxy runs
-    forgetting: Optional[np.ndarray] = None   # (N,) forgetting events during proxy training; inf = never learned
+    embeddings: Optional[np.ndarray] = None  # (N, D) penultimate features of the (proxy) model
+    probs: Optional[np.ndarray] = None  # (N, C) softmax of the (proxy) model, averaged over proxy runs
+    el2n: Optional[np.ndarray] = None  # (N,) ||softmax - onehot||_2, averaged over proxy runs
+    forgetting: Optional[np.ndarray] = None  # (N,) forgetting events during proxy training; inf = never learned
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -76,15 +83,15 @@ class Signals:
 
 @dataclass
 class Selection:
-    indices: np.ndarray                   # sorted indices into the split
+    indices: np.ndarray  # sorted indices into the split
     weights: Optional[np.ndarray] = None  # per kept sample, mean 1 (None: uniform)
 
 
 @dataclass(frozen=True)
 class Selector:
     fn: Callable[..., Selection]
-    needs: tuple[str, ...]       # Signals fields beyond the labels
-    min_proxy_epochs: int        # forgetting events need at least two presentations of each sample
+    needs: tuple[str, ...]  # Signals fields beyond the labels
+    min_proxy_epochs: int  # forgetting events need at least two presentations of each sample
     summary: str
 
     def options(self) -> list[str]:
@@ -108,7 +115,9 @@ def resolve_budget(budget: float | int, size: int) -> int:
             raise EffvisionError(f"budget {budget}: a count must be between 1 and the dataset size ({size})")
         return budget
     if not 0 < budget <= 1:
-        raise EffvisionError(f"budget {budget}: a fraction must be in (0, 1] (or give a whole count of samples, at most {size})")
+        raise EffvisionError(
+            f"budget {budget}: a fraction must be in (0, 1] (or give a whole count of samples, at most {size})"
+        )
     return max(1, round(budget * size))
 
 
@@ -117,7 +126,9 @@ def select(name: str, signals: Signals, budget: float | int, seed: int = 0, **op
     sel: Selector = SELECTORS.get(name)
     unknown = sorted(set(options) - set(sel.options()))
     if unknown:
-        raise EffvisionError(f"selector '{name}': unknown option {', '.join(unknown)} (options: {', '.join(sel.options()) or 'none'})")
+        raise EffvisionError(
+            f"selector '{name}': unknown option {', '.join(unknown)} (options: {', '.join(sel.options()) or 'none'})"
+        )
     n = resolve_budget(budget, len(signals))
     signals.require(*sel.needs)
     out = sel.fn(signals, n, np.random.default_rng(seed), **options)
@@ -141,7 +152,9 @@ def _top(scores: np.ndarray, n: int, keep: str, rng) -> np.ndarray:
     if keep not in ("hard", "easy"):
         raise EffvisionError(f"keep: '{keep}' (choices: hard, easy)")
     jitter = rng.random(len(scores)) * 1e-9  # break ties (e.g. equal forgetting counts) at random
-    order = np.argsort(-(np.nan_to_num(np.asarray(scores, np.float64), posinf=np.finfo(np.float64).max) + jitter), kind="stable")
+    order = np.argsort(
+        -(np.nan_to_num(np.asarray(scores, np.float64), posinf=np.finfo(np.float64).max) + jitter), kind="stable"
+    )
     return order[:n] if keep == "hard" else order[::-1][:n]
 
 
@@ -263,7 +276,9 @@ def gradient_clusters(signals: Signals, n: int, rng, dims: int = 64) -> Selectio
             picks.append(idx)
             weights.append(np.ones(len(idx)))
             continue
-        km = KMeans(n_clusters=q, init="random", n_init=1, max_iter=20, random_state=int(rng.integers(2**31))).fit(g[idx])
+        km = KMeans(n_clusters=q, init="random", n_init=1, max_iter=20, random_state=int(rng.integers(2**31))).fit(
+            g[idx]
+        )
         reps, sizes = _nearest_members(g[idx], km.cluster_centers_, km.labels_)
         picks.append(idx[reps])
         weights.append(sizes)

@@ -4,6 +4,7 @@ or anticlockwise, over a textured background, written as real H.264 mp4 files wi
 A single frame cannot tell the classes apart: every clip starts at a uniformly random position and
 angle, and motion wraps around the frame edges, so where a shape is and how it is turned carry no
 class information at any time step; only the change between frames does."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -70,7 +71,14 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int = 10) -> None:
     with av.open(str(path), "w") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        stream.options = {"crf": "18", "preset": "veryfast", "g": "8", "keyint_min": "8", "sc_threshold": "0", "bf": "0"}
+        stream.options = {
+            "crf": "18",
+            "preset": "veryfast",
+            "g": "8",
+            "keyint_min": "8",
+            "sc_threshold": "0",
+            "bf": "0",
+        }
         for f in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
                 container.mux(packet)
@@ -78,12 +86,32 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int = 10) -> None:
             container.mux(packet)
 
 
-def generate(root: Path, train_per_class: int = 48, val_per_class: int = 16, frames: int = 16, size: int = 64, seed: int = 0,
-             progress=None) -> Path:
+def generate(
+    root: Path,
+    train_per_class: int = 48,
+    val_per_class: int = 16,
+    frames: int = 16,
+    size: int = 64,
+    seed: int = 0,
+    progress=None,
+) -> Path:
     """Write <root>/{train,val}/<class>/<n>.mp4 once; reuse it when the parameters match."""
     if size % 2:
         raise EffvisionError(f"synthetic-motion: size must be even (H.264), got {size}")
-    params = {"version": VERSION, "train_per_class": train_per_class, "val_per_class": val_per_class, "frames": frames, "size": size, "seed": seed}
-    return write_once(root, params, CLASSES, {"train": train_per_class, "val": val_per_class},
-                      lambda folder, label, n, rng: write_mp4(folder / f"{n:04d}.mp4", render_clip(label, rng, frames, size)),
-                      "generating synthetic-motion videos", progress)
+    params = {
+        "version": VERSION,
+        "train_per_class": train_per_class,
+        "val_per_class": val_per_class,
+        "frames": frames,
+        "size": size,
+        "seed": seed,
+    }
+    return write_once(
+        root,
+        params,
+        CLASSES,
+        {"train": train_per_class, "val": val_per_class},
+        lambda folder, label, n, rng: write_mp4(folder / f"{n:04d}.mp4", render_clip(label, rng, frames, size)),
+        "generating synthetic-motion videos",
+        progress,
+    )

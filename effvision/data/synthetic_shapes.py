@@ -6,6 +6,7 @@ surface and then thinned with a density that rises exponentially along a random 
 of the shape densely covered, the other sparsely, as a scanner sees it), a random turn about the up
 (z) axis with a tilt of up to 20 degrees, and Gaussian noise of 0.5-2% of the size. Shape
 parameters (a cylinder's height, a torus's tube) vary too, so no two samples are alike."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,12 @@ VERSION = 1
 def _mesh(name: str, rng: np.random.Generator):
     make = _open3d().geometry.TriangleMesh
     if name == "arrow":
-        return make.create_arrow(cylinder_radius=rng.uniform(0.1, 0.2), cone_radius=rng.uniform(0.25, 0.4),
-                                 cylinder_height=rng.uniform(0.8, 1.2), cone_height=rng.uniform(0.4, 0.7))
+        return make.create_arrow(
+            cylinder_radius=rng.uniform(0.1, 0.2),
+            cone_radius=rng.uniform(0.25, 0.4),
+            cylinder_height=rng.uniform(0.8, 1.2),
+            cone_height=rng.uniform(0.4, 0.7),
+        )
     if name == "box":
         return make.create_box(*rng.uniform(0.6, 1.4, 3))
     if name == "cone":
@@ -39,13 +44,19 @@ def _mesh(name: str, rng: np.random.Generator):
         return make.create_sphere(1.0, resolution=24)
     if name == "tetrahedron":
         return make.create_tetrahedron(1.0)
-    return make.create_torus(torus_radius=1.0, tube_radius=rng.uniform(0.2, 0.45), radial_resolution=40, tubular_resolution=24)
+    return make.create_torus(
+        torus_radius=1.0, tube_radius=rng.uniform(0.2, 0.45), radial_resolution=40, tubular_resolution=24
+    )
 
 
 def _rotation(rng: np.random.Generator) -> np.ndarray:
     """A turn about the up (z) axis, tilted up to 20 degrees about x and y."""
     tilt = math.radians(20)
-    turns = (rotation_about(2, rng.uniform(0, 2 * math.pi)), rotation_about(0, rng.uniform(-tilt, tilt)), rotation_about(1, rng.uniform(-tilt, tilt)))
+    turns = (
+        rotation_about(2, rng.uniform(0, 2 * math.pi)),
+        rotation_about(0, rng.uniform(-tilt, tilt)),
+        rotation_about(1, rng.uniform(-tilt, tilt)),
+    )
     return turns[0] @ turns[1] @ turns[2]
 
 
@@ -76,9 +87,23 @@ def write_ply(path: Path, cloud: np.ndarray) -> None:
         raise EffvisionError(f"could not write {path}")
 
 
-def generate(root: Path, train_per_class: int = 100, val_per_class: int = 40, points: int = 2048, seed: int = 0, progress=None) -> Path:
+def generate(
+    root: Path, train_per_class: int = 100, val_per_class: int = 40, points: int = 2048, seed: int = 0, progress=None
+) -> Path:
     """Write <root>/{train,val}/<class>/<n>.ply once; reuse it when the parameters match."""
-    params = {"version": VERSION, "train_per_class": train_per_class, "val_per_class": val_per_class, "points": points, "seed": seed}
-    return write_once(root, params, CLASSES, {"train": train_per_class, "val": val_per_class},
-                      lambda folder, label, n, rng: write_ply(folder / f"{n:04d}.ply", render_shape(label, rng, points)),
-                      "generating synthetic-shapes clouds", progress)
+    params = {
+        "version": VERSION,
+        "train_per_class": train_per_class,
+        "val_per_class": val_per_class,
+        "points": points,
+        "seed": seed,
+    }
+    return write_once(
+        root,
+        params,
+        CLASSES,
+        {"train": train_per_class, "val": val_per_class},
+        lambda folder, label, n, rng: write_ply(folder / f"{n:04d}.ply", render_shape(label, rng, points)),
+        "generating synthetic-shapes clouds",
+        progress,
+    )

@@ -4,6 +4,7 @@ airbench's data path: decode once, keep N x 3 x H x W uint8 where the model runs
 batches with tensor ops (mirror, translate with reflect padding). It replaces the per-sample
 DataLoader + transforms path, which on a small CPU costs more than a compact model's step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,20 @@ class TensorBatches:
     With world > 1 each rank takes its own equal share of every epoch's permutation (the
     distributed sampler's job on the DataLoader path); call set_epoch(e) before each epoch."""
 
-    def __init__(self, images: torch.Tensor, targets, mean, std, batch_size: int, device: torch.device, seed: int = 0,
-                 hflip: bool = True, translate: int = 4, rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        targets,
+        mean,
+        std,
+        batch_size: int,
+        device: torch.device,
+        seed: int = 0,
+        hflip: bool = True,
+        translate: int = 4,
+        rank: int = 0,
+        world: int = 1,
+    ):
         self.images = images.to(device)
         self.targets = torch.as_tensor(targets, dtype=torch.long).to(device)
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1) * 255
@@ -58,11 +71,13 @@ class TensorBatches:
 
     def __iter__(self):
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        perm = torch.randperm(len(self.images), generator=gen)[self.rank * self.per_rank:(self.rank + 1) * self.per_rank]
+        perm = torch.randperm(len(self.images), generator=gen)[
+            self.rank * self.per_rank : (self.rank + 1) * self.per_rank
+        ]
         self.epoch += 1  # an epoch not announced with set_epoch still gets a fresh order
         bs = min(self.batch_size, self.per_rank)
         for b in range(len(self)):
-            idx = perm[b * bs:(b + 1) * bs]  # on the CPU: the loop indexes sample weights with it
+            idx = perm[b * bs : (b + 1) * bs]  # on the CPU: the loop indexes sample weights with it
             on_device = idx.to(self.device)
             x = self.augment(self.images[on_device].float(), gen)
             yield (x - self.mean) / self.std, self.targets[on_device], idx

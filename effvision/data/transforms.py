@@ -1,4 +1,5 @@
 """Train/eval transforms on uint8 CHW tensors (torchvision.transforms.v2)."""
+
 from __future__ import annotations
 
 import torch
@@ -6,15 +7,29 @@ from torchvision.transforms import v2
 
 
 def train_transform(size: int, mean, std, hflip: bool = True, crop: str = "pad") -> v2.Compose:
-    ops = [v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True)] if crop == "resized" else [
-        v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.RandomCrop(size, padding=size // 8, padding_mode="reflect")]
+    ops = (
+        [v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True)]
+        if crop == "resized"
+        else [
+            v2.Resize(size, antialias=True),
+            v2.CenterCrop(size),
+            v2.RandomCrop(size, padding=size // 8, padding_mode="reflect"),
+        ]
+    )
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
     return v2.Compose([*ops, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
 
 
 def eval_transform(size: int, mean, std) -> v2.Compose:
-    return v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    return v2.Compose(
+        [
+            v2.Resize(size, antialias=True),
+            v2.CenterCrop(size),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean, std),
+        ]
+    )
 
 
 def _channels_first_in_time(clip: torch.Tensor) -> torch.Tensor:
@@ -27,12 +42,25 @@ def video_train_transform(size: int, mean, std, hflip: bool = False, crop: str =
     motion at the scale evaluation's centre crop does; `resized`: a random-scale crop
     (RandomResizedCrop) for data with varied scale. Flips are a card option: they turn
     left-moving into right-moving."""
-    first = v2.RandomResizedCrop(size, scale=(0.5, 1.0), antialias=True) if crop == "resized" else v2.RandomCrop(size, pad_if_needed=True)
+    first = (
+        v2.RandomResizedCrop(size, scale=(0.5, 1.0), antialias=True)
+        if crop == "resized"
+        else v2.RandomCrop(size, pad_if_needed=True)
+    )
     ops = [first] + ([v2.RandomHorizontalFlip()] if hflip else [])
-    return v2.Compose([*ops, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), v2.Lambda(_channels_first_in_time)])
+    return v2.Compose(
+        [*ops, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), v2.Lambda(_channels_first_in_time)]
+    )
 
 
 def video_eval_transform(size: int, mean, std) -> v2.Compose:
     """A centre crop of frames already decoded at the card's short side (`resize`, at least
     `size`): MMAction2's Resize(-1, resize) + CenterCrop(size), the resize done by the decoder."""
-    return v2.Compose([v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), v2.Lambda(_channels_first_in_time)])
+    return v2.Compose(
+        [
+            v2.CenterCrop(size),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean, std),
+            v2.Lambda(_channels_first_in_time),
+        ]
+    )

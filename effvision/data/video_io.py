@@ -4,6 +4,7 @@ decord is missing or cannot read a file (raw MPEG-4 streams without a container,
 Frames come out as uint8 arrays (T, H, W, 3), already at the size the model wants: decord resizes
 while decoding and PyAV converts each frame straight to the target size, so a full-resolution RGB
 frame is never materialised."""
+
 from __future__ import annotations
 
 import functools
@@ -126,7 +127,9 @@ class DecordVideo(Video):
         width, height = size or (-1, -1)
         try:
             with _c_stderr_silenced():
-                self.reader = decord.VideoReader(str(path), ctx=decord.cpu(0), width=width, height=height, num_threads=1)
+                self.reader = decord.VideoReader(
+                    str(path), ctx=decord.cpu(0), width=width, height=height, num_threads=1
+                )
         except Exception as exc:  # noqa: BLE001  (decord raises its own DECORDError and RuntimeError)
             raise VideoError(f"{path}: decord cannot open it ({_first_line(exc)})") from None
         if len(self.reader) == 0:
@@ -158,7 +161,6 @@ class DecordVideo(Video):
         self.decoded += len(wanted)
         row = {i: k for k, i in enumerate(wanted)}
         return batch[[row[i] for i in indices]]
-
 
     def _frames_with_pyav(self, indices: list[int]) -> np.ndarray:
         before = self._pyav.decoded

@@ -12,6 +12,7 @@ video_io._decoded).
     python -m effvision.data.video_loader_bench ../shared/testdata/videos --frames 8 --size 112
     python -m effvision.data.video_loader_bench ../shared/testdata/videos --memory 2000 --dataset synthetic-motion
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,10 @@ def decode_all_then_subsample(path: Path, frames: int, size: int) -> np.ndarray:
 
 def measure(files: list[Path], frames: int, size: int, rounds: int, sampler: str = "tsn") -> dict:
     s = get_sampler(sampler, frames)
-    methods = {f"{sampler} sampler, decode-time resize": lambda p: s.clip(p, size).frames,
-               "PyAV decode every frame, then subsample": lambda p: decode_all_then_subsample(p, frames, size)}
+    methods = {
+        f"{sampler} sampler, decode-time resize": lambda p: s.clip(p, size).frames,
+        "PyAV decode every frame, then subsample": lambda p: decode_all_then_subsample(p, frames, size),
+    }
     for fn in methods.values():  # warm-up: imports, codec initialisation, file cache
         fn(files[0])
     rates: dict[str, list[float]] = {name: [] for name in methods}
@@ -59,8 +62,15 @@ def measure(files: list[Path], frames: int, size: int, rounds: int, sampler: str
             rates[name].append(len(files) / (time.perf_counter() - start))
     medians = {name: statistics.median(r) for name, r in rates.items()}
     fast, slow = medians.values()
-    return {"files": len(files), "frames": frames, "size": size, "rounds": rounds, "clips_per_s_median": medians,
-            "clips_per_s_all": rates, "speedup": fast / slow}
+    return {
+        "files": len(files),
+        "frames": frames,
+        "size": size,
+        "rounds": rounds,
+        "clips_per_s_median": medians,
+        "clips_per_s_all": rates,
+        "speedup": fast / slow,
+    }
 
 
 def rss_mib() -> float:
@@ -103,9 +113,20 @@ def rss_over_reads(dataset: VideoDataset, reads: int, every: int = 50, warmup: i
             series.append((n, rss_mib()))
     seconds = time.perf_counter() - start
     at = dict(series)
-    return {"reads": reads, "every": every, "warmup": warmup, "files": len(dataset), "skipped": len(dataset.report.bad),
-            "clips_per_s": reads / seconds, "rss_start_mib": at[0], "rss_at_warmup_mib": at[warmup], "rss_end_mib": at[reads],
-            "rss_max_mib": max(r for _, r in series), "growth_mib": at[reads] - at[warmup], "rss_mib": series}
+    return {
+        "reads": reads,
+        "every": every,
+        "warmup": warmup,
+        "files": len(dataset),
+        "skipped": len(dataset.report.bad),
+        "clips_per_s": reads / seconds,
+        "rss_start_mib": at[0],
+        "rss_at_warmup_mib": at[warmup],
+        "rss_end_mib": at[reads],
+        "rss_max_mib": max(r for _, r in series),
+        "growth_mib": at[reads] - at[warmup],
+        "rss_mib": series,
+    }
 
 
 def memory_dataset(clips: str, backend: str, frames: int, size: int, sampler: str) -> VideoDataset:
@@ -113,22 +134,34 @@ def memory_dataset(clips: str, backend: str, frames: int, size: int, sampler: st
     or a dataset card's training split (its own decode size; generated data is written first)."""
     if Path(clips).is_dir():
         files = sorted(p for p in Path(clips).rglob("*") if p.is_file() and is_video(p.name))
-        return VideoDataset([(p, 0) for p in files], ["video"], get_sampler(sampler, frames), size, train=True, backend=backend)
-    from . import _parent, load_dataset
+        return VideoDataset(
+            [(p, 0) for p in files], ["video"], get_sampler(sampler, frames), size, train=True, backend=backend
+        )
     from ..recipe import DataConfig
+    from . import _parent, load_dataset
 
     train = _parent(load_dataset(DataConfig(name=clips, num_frames=frames, sampler=sampler)).train)
     return VideoDataset(train.samples, train.classes, train.sampler, train.short_side, train=True, backend=backend)
 
 
-def _memory_job(clips: str, backend: str, frames: int, size: int, sampler: str, reads: int, every: int, warmup: int) -> dict:
+def _memory_job(
+    clips: str, backend: str, frames: int, size: int, sampler: str, reads: int, every: int, warmup: int
+) -> dict:
     torch.set_num_threads(1)
     dataset = memory_dataset(clips, backend, frames, size, sampler)
     return {"clips": clips, "backend": backend, "sampler": sampler, **rss_over_reads(dataset, reads, every, warmup)}
 
 
-def measure_memory(clip_sets: list[str], backends: list[str], frames: int, size: int, sampler: str, reads: int, every: int = 50,
-                   warmup: int = 100) -> list[dict]:
+def measure_memory(
+    clip_sets: list[str],
+    backends: list[str],
+    frames: int,
+    size: int,
+    sampler: str,
+    reads: int,
+    every: int = 50,
+    warmup: int = 100,
+) -> list[dict]:
     """rss_over_reads for every clip set and backend, each in a fresh process (one run's memory
     must not show in the next one's figures)."""
     import multiprocessing
@@ -139,14 +172,19 @@ def measure_memory(clip_sets: list[str], backends: list[str], frames: int, size:
         for backend in backends:
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 row = pool.submit(_memory_job, clips, backend, frames, size, sampler, reads, every, warmup).result()
-            print(f"| {clips} | {backend} | {row['files']} ({row['skipped']} skipped) | {row['clips_per_s']:.1f} | "
-                  f"{row['rss_at_warmup_mib']:.1f} | {row['rss_end_mib']:.1f} | {row['growth_mib']:+.1f} |", flush=True)
+            print(
+                f"| {clips} | {backend} | {row['files']} ({row['skipped']} skipped) | {row['clips_per_s']:.1f} | "
+                f"{row['rss_at_warmup_mib']:.1f} | {row['rss_end_mib']:.1f} | {row['growth_mib']:+.1f} |",
+                flush=True,
+            )
             rows.append(row)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m effvision.data.video_loader_bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m effvision.data.video_loader_bench", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("folder", type=Path)
     parser.add_argument("--frames", type=int, default=8)
     parser.add_argument("--size", type=int, default=112)
@@ -158,8 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=100, help="--memory: growth is counted after this many reads")
     parser.add_argument("--backends", default="decord,pyav", help="--memory: comma-separated (auto, decord, pyav)")
     parser.add_argument("--dataset", help="--memory: also this dataset card's training split (e.g. synthetic-motion)")
-    parser.add_argument("--max-growth", type=float, default=50.0, metavar="MB",
-                        help="--memory: exit 1 when any run grows by more than this (10^6 bytes)")
+    parser.add_argument(
+        "--max-growth",
+        type=float,
+        default=50.0,
+        metavar="MB",
+        help="--memory: exit 1 when any run grows by more than this (10^6 bytes)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the loader's view: one decoding process, no intra-op help
     files = sorted(p for p in args.folder.rglob("*") if p.is_file() and is_video(p.name))
@@ -167,16 +210,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"effvision: error: no video files under {args.folder}", file=sys.stderr)
         return 1
     if args.memory:
-        print("| clips | backend | files | clips/s | RSS MiB at read %d | at read %d | growth MiB |\n|---|---|---|---|---|---|---|"
-              % (args.warmup, args.memory), flush=True)
-        rows = measure_memory([str(args.folder)] + ([args.dataset] if args.dataset else []), args.backends.split(","),
-                              args.frames, args.size, args.sampler, args.memory, args.every, args.warmup)
+        print(
+            "| clips | backend | files | clips/s | RSS MiB at read %d | at read %d | growth MiB |\n|---|---|---|---|---|---|---|"
+            % (args.warmup, args.memory),
+            flush=True,
+        )
+        rows = measure_memory(
+            [str(args.folder)] + ([args.dataset] if args.dataset else []),
+            args.backends.split(","),
+            args.frames,
+            args.size,
+            args.sampler,
+            args.memory,
+            args.every,
+            args.warmup,
+        )
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(rows, indent=2) + "\n")
         worst = max(r["growth_mib"] for r in rows) * 2**20 / 1e6
         if worst > args.max_growth:
-            print(f"effvision: error: RSS grew by {worst:.1f} MB over {args.memory} reads (limit {args.max_growth} MB)", file=sys.stderr)
+            print(
+                f"effvision: error: RSS grew by {worst:.1f} MB over {args.memory} reads (limit {args.max_growth} MB)",
+                file=sys.stderr,
+            )
             return 1
         return 0
     result = measure(files, args.frames, args.size, args.rounds, args.sampler)

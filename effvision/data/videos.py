@@ -4,6 +4,7 @@ label` lines as UCF101/Kinetics lists use, or CSV), decoded clip by clip through
 Each file is opened once when the dataset is built (container header only, no decoding): a file
 that is not a video is skipped and counted, or stops the run with its path (on_bad_sample). A file
 that opens but fails to decode later is handled the same way when it is read."""
+
 from __future__ import annotations
 
 import sys
@@ -27,9 +28,24 @@ class VideoDataset(torch.utils.data.Dataset):
     the short side is `short_side`. In training the sampler draws random positions; otherwise each
     of `clips` views sits at its own fixed position (several views for test-time averaging)."""
 
-    def __init__(self, entries: list[tuple[Path, int]], classes: list[str], sampler: FrameSampler, short_side: int,
-                 train: bool = False, on_bad_sample: str = "skip", progress: Callable | None = None, backend: str = "auto"):
-        self.classes, self.sampler, self.short_side, self.train, self.backend = classes, sampler, short_side, train, backend
+    def __init__(
+        self,
+        entries: list[tuple[Path, int]],
+        classes: list[str],
+        sampler: FrameSampler,
+        short_side: int,
+        train: bool = False,
+        on_bad_sample: str = "skip",
+        progress: Callable | None = None,
+        backend: str = "auto",
+    ):
+        self.classes, self.sampler, self.short_side, self.train, self.backend = (
+            classes,
+            sampler,
+            short_side,
+            train,
+            backend,
+        )
         self.on_bad_sample = on_bad_sample
         self.report = ScanReport(total=len(entries))
         self.samples: list[tuple[Path, int]] = []
@@ -78,8 +94,15 @@ class VideoDataset(torch.utils.data.Dataset):
         return (self.transform(clip) if self.transform else clip), self.targets[i]
 
 
-def video_dataset(pairs: list[tuple[Path, str]], classes: list[str], sampler: FrameSampler, short_side: int, train: bool,
-                  on_bad_sample: str, progress=None) -> VideoDataset:
+def video_dataset(
+    pairs: list[tuple[Path, str]],
+    classes: list[str],
+    sampler: FrameSampler,
+    short_side: int,
+    train: bool,
+    on_bad_sample: str,
+    progress=None,
+) -> VideoDataset:
     return VideoDataset(label_indices(pairs, classes), classes, sampler, short_side, train, on_bad_sample, progress)
 
 
@@ -87,14 +110,18 @@ def _samplers(card, config) -> tuple[FrameSampler, int]:
     sampler = get_sampler(card.sampler_name(config), config.num_frames or card.num_frames, **card.sampler_options)
     short = card.resize or card.image_size
     if short < card.image_size:
-        raise EffvisionError(f"dataset {card.name}: resize ({short}) must be at least image_size ({card.image_size}): crops are cut from the decoded frames")
+        raise EffvisionError(
+            f"dataset {card.name}: resize ({short}) must be at least image_size ({card.image_size}): crops are cut from the decoded frames"
+        )
     return sampler, short
 
 
 def _build(card, config, train_pairs, val_pairs, classes, progress):
     sampler, short = _samplers(card, config)
-    return (video_dataset(train_pairs, classes, sampler, short, True, config.on_bad_sample, progress),
-            video_dataset(val_pairs, classes, sampler, short, False, config.on_bad_sample, progress))
+    return (
+        video_dataset(train_pairs, classes, sampler, short, True, config.on_bad_sample, progress),
+        video_dataset(val_pairs, classes, sampler, short, False, config.on_bad_sample, progress),
+    )
 
 
 @DATASETS.register("videofolder")

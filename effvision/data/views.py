@@ -2,6 +2,7 @@
 is seen as `clips` clips at evenly spaced positions times `crops` spatial crops, and the class
 scores are averaged. Accuracy rises with views and so does the cost, clips x crops forward passes
 per video: the efficient setting and the accurate one differ, so both are measured."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,7 +42,9 @@ class ViewsDataset(torch.utils.data.Dataset):
 
         i, views, decoded = self.indices[k], [], 0
         for j in range(self.clips):
-            clip, n = self.videos.read(i, position=(j + 0.5) / self.clips)  # uint8 (T, 3, H, W) at the decoded short side
+            clip, n = self.videos.read(
+                i, position=(j + 0.5) / self.clips
+            )  # uint8 (T, 3, H, W) at the decoded short side
             decoded += n
             clip = TF.resize(clip, self.size, antialias=True) if min(clip.shape[-2:]) < self.size else clip
             clip = (clip.float() / 255 - self.mean) / self.std
@@ -49,7 +52,7 @@ class ViewsDataset(torch.utils.data.Dataset):
             tall = h > w
             for off in crop_offsets(h if tall else w, self.size, self.crops):
                 top, left = (off, (w - self.size) // 2) if tall else ((h - self.size) // 2, off)
-                views.append(clip[..., top:top + self.size, left:left + self.size].transpose(0, 1))
+                views.append(clip[..., top : top + self.size, left : left + self.size].transpose(0, 1))
         return torch.stack(views), self.videos.targets[i], decoded
 
 

@@ -1,5 +1,6 @@
 """Deployment: verified exports (ONNX, ExecuTorch), evaluation of exported artifacts and the one
 benchmark harness across backends, precisions, devices and batch sizes."""
+
 import os
 
 from . import backends, exporters  # noqa: F401  (register BACKENDS and EXPORTERS)
@@ -24,4 +25,14 @@ def evaluate(artifact, loader) -> float:
     return accuracy(onnx_predictor(artifact), loader)
 
 
-__all__ = ["bench_model", "benchmark", "export", "export_verified", "export_onnx", "parity", "evaluate", "onnx_predictor", "ort_session"]
+__all__ = [
+    "bench_model",
+    "benchmark",
+    "export",
+    "export_verified",
+    "export_onnx",
+    "parity",
+    "evaluate",
+    "onnx_predictor",
+    "ort_session",
+]

@@ -1,6 +1,7 @@
 """Benchmark backends (the BACKENDS registry): what runs a model or an artifact, on which device
 and in which precisions. Each backend loads its target into a `Loaded` runner: a function that
 makes an input batch on the right device in the right dtype/layout, and one that runs it."""
+
 from __future__ import annotations
 
 import contextlib
@@ -53,6 +54,7 @@ class Backend:
 @BACKENDS.register("torch-eager")
 class TorchEager(Backend):
     """PyTorch eager under inference_mode. int8/float8 on a GPU via torchao."""
+
     supports = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "tf32", "bf16", "fp16", "int8", "float8")}
 
     def wrap(self, model: nn.Module, opts: BenchOptions) -> Callable:
@@ -64,7 +66,9 @@ class TorchEager(Backend):
         dev = opts.device
         if opts.threads:
             torch.set_num_threads(opts.threads)
-        model, notes = prepare_model(model, opts.precision, dev, random_batch(1, shape), opts.calibration, opts.channels_last)
+        model, notes = prepare_model(
+            model, opts.precision, dev, random_batch(1, shape), opts.calibration, opts.channels_last
+        )
         fn = self.wrap(model, opts)
         dtype = input_dtype(opts.precision, dev)
         cudagraphs = dev.type == "cuda" and self.uses_cudagraphs(opts)
@@ -93,6 +97,7 @@ class TorchEager(Backend):
 class TorchCompile(TorchEager):
     """torch.compile with inductor (mode from --compile-mode; reduce-overhead = CUDA graphs on a
     GPU). On the CPU weights are frozen (constant-folded and pre-packed), which int8 needs."""
+
     supports = {"cpu": ("fp32", "bf16", "int8"), "cuda": ("fp32", "tf32", "bf16", "fp16", "int8", "float8")}
 
     def wrap(self, model, opts):
@@ -132,13 +137,17 @@ class OnnxRuntime(Backend):
         providers = [self.provider] + (["CPUExecutionProvider"] if self.provider != "CPUExecutionProvider" else [])
         session = ort_session(path, threads=opts.threads, providers=providers)
         name = session.get_inputs()[0].name
-        return Loaded(lambda x: session.run(None, {name: x}), lambda b: random_batch(b, shape).numpy(),
-                      {"providers": session.get_providers()})
+        return Loaded(
+            lambda x: session.run(None, {name: x}),
+            lambda b: random_batch(b, shape).numpy(),
+            {"providers": session.get_providers()},
+        )
 
 
 @BACKENDS.register("onnxruntime-cpu")
 class OnnxRuntimeCpu(OnnxRuntime):
     """ONNX Runtime's CPU execution provider (int8: QDQ U8S8 kernels)."""
+
     supports = {"cpu": ("fp32", "fp16", "int8")}
 
 
@@ -146,6 +155,7 @@ class OnnxRuntimeCpu(OnnxRuntime):
 class OnnxRuntimeCuda(OnnxRuntime):
     """ONNX Runtime's CUDA execution provider, when the installed onnxruntime has it (inputs
     are copied from the host on every call, as an application feeding numpy would)."""
+
     supports = {"cuda": ("fp32", "fp16", "int8")}
     provider = "CUDAExecutionProvider"
 
@@ -153,6 +163,7 @@ class OnnxRuntimeCuda(OnnxRuntime):
 @BACKENDS.register("executorch")
 class Executorch(Backend):
     """An ExecuTorch .pte program lowered to XNNPACK, run by ExecuTorch's runtime."""
+
     takes = ".pte"
     supports = {"cpu": ("fp32", "int8")}
 
@@ -169,7 +180,9 @@ class Executorch(Backend):
 
         def make_input(batch: int):
             if batch != program_batch:
-                raise EffvisionError(f"{path} is exported for batch {program_batch}, not {batch} (export one .pte per batch size)")
+                raise EffvisionError(
+                    f"{path} is exported for batch {program_batch}, not {batch} (export one .pte per batch size)"
+                )
             return random_batch(batch, shape)
 
         return Loaded(pte_predictor(path, exact=True), make_input, {"program_batch": program_batch})
@@ -183,7 +196,11 @@ def backend(name: str) -> Backend:
 
 def supported_pairs(device_type: str) -> str:
     """'backend: precisions; ...' for one device type, for error messages and --help."""
-    rows = [f"{n}: {', '.join(BACKENDS.get(n).supports[device_type])}" for n in BACKENDS.names() if device_type in BACKENDS.get(n).supports]
+    rows = [
+        f"{n}: {', '.join(BACKENDS.get(n).supports[device_type])}"
+        for n in BACKENDS.names()
+        if device_type in BACKENDS.get(n).supports
+    ]
     return "; ".join(rows)
 
 
@@ -192,7 +209,9 @@ def check_pair(name: str, precision: str, device: torch.device) -> Backend:
     lists the pairs that are supported."""
     inst = backend(name)
     if precision not in inst.supports.get(device.type, ()):
-        raise EffvisionError(f"backend '{name}' does not run {precision} on {device.type}; supported on {device.type}: {supported_pairs(device.type)}")
+        raise EffvisionError(
+            f"backend '{name}' does not run {precision} on {device.type}; supported on {device.type}: {supported_pairs(device.type)}"
+        )
     reason = inst.missing()
     if reason:
         raise EffvisionError(f"backend '{name}' is not available: {reason}")

@@ -1,6 +1,7 @@
 """The one benchmark harness: any backend, precision, device and batch size, with warm-up and
 repeats; latency p50/p90/p99, throughput, peak memory, model FLOPs and the achieved FLOP/s as a
 fraction of the device's measured matrix-multiply peak (see roofline.py)."""
+
 from __future__ import annotations
 
 import tempfile
@@ -17,6 +18,7 @@ from ..errors import EffvisionError
 from .backends import BenchOptions, Loaded, check_pair
 from .roofline import Roofline
 
+
 def measure(loaded: Loaded, batch: int, device: torch.device, warmup: int = 10, repeats: int = 50) -> dict:
     """Time loaded.run on one fixed batch: the first call (compilation, if any) apart, then
     warm-up, then `repeats` timed calls; percentiles in ms, throughput from the median."""
@@ -32,9 +34,18 @@ def measure(loaded: Loaded, batch: int, device: torch.device, warmup: int = 10, 
     with PeakMemory(device) as mem:
         times = np.asarray([timer.time(lambda: loaded.run(x)) for _ in range(repeats)])
     p50 = float(np.percentile(times, 50))
-    return {"batch": batch, "p50": round(p50, 4), "p90": round(float(np.percentile(times, 90)), 4), "p99": round(float(np.percentile(times, 99)), 4),
-            "samples_per_s": round(batch / (p50 / 1e3), 2), "repeats": repeats, "warmup": warmup, "first_call_ms": round(first_ms, 2),
-            "timer": timer.kind, "peak_memory": mem.result()}
+    return {
+        "batch": batch,
+        "p50": round(p50, 4),
+        "p90": round(float(np.percentile(times, 90)), 4),
+        "p99": round(float(np.percentile(times, 99)), 4),
+        "samples_per_s": round(batch / (p50 / 1e3), 2),
+        "repeats": repeats,
+        "warmup": warmup,
+        "first_call_ms": round(first_ms, 2),
+        "timer": timer.kind,
+        "peak_memory": mem.result(),
+    }
 
 
 def add_roofline(row: dict, macs: int | None, roofline: Roofline | None) -> dict:
@@ -46,28 +57,57 @@ def add_roofline(row: dict, macs: int | None, roofline: Roofline | None) -> dict
     row.update(flops_per_sample=flops, achieved_flops_per_s=achieved)
     peak = roofline.peak(row["precision"]) if roofline else None
     if peak:
-        row.update(peak_flops_per_s=peak["flops_per_s"], peak_precision=peak["precision"], fraction_of_peak=achieved / peak["flops_per_s"])
+        row.update(
+            peak_flops_per_s=peak["flops_per_s"],
+            peak_precision=peak["precision"],
+            fraction_of_peak=achieved / peak["flops_per_s"],
+        )
     return row
 
 
-def benchmark(target, shape: list[int], backend: str | None = None, precision: str = "fp32", batches: Iterable[int] = (1, 32),
-              device: str | torch.device = "auto", channels_last: bool = False, compile_mode: str = "default", warmup: int = 10,
-              repeats: int = 50, threads: int | None = None, macs: int | None = None, roofline: Roofline | None = None,
-              calibration: Iterable[torch.Tensor] = ()) -> list[dict]:
+def benchmark(
+    target,
+    shape: list[int],
+    backend: str | None = None,
+    precision: str = "fp32",
+    batches: Iterable[int] = (1, 32),
+    device: str | torch.device = "auto",
+    channels_last: bool = False,
+    compile_mode: str = "default",
+    warmup: int = 10,
+    repeats: int = 50,
+    threads: int | None = None,
+    macs: int | None = None,
+    roofline: Roofline | None = None,
+    calibration: Iterable[torch.Tensor] = (),
+) -> list[dict]:
     """Benchmark one model or artifact file on one backend and precision over several batch sizes."""
     device = resolve_device(device) if isinstance(device, str) else device
     backend = backend or default_backend(target)
     inst = check_pair(backend, precision, device)
     if inst.takes != "model" and isinstance(target, nn.Module):
         raise EffvisionError(f"backend '{backend}' runs a {inst.takes} file; use bench_model() to export one first")
-    opts = BenchOptions(device=device, precision=precision, channels_last=channels_last, compile_mode=compile_mode,
-                        threads=threads, calibration=list(calibration))
+    opts = BenchOptions(
+        device=device,
+        precision=precision,
+        channels_last=channels_last,
+        compile_mode=compile_mode,
+        threads=threads,
+        calibration=list(calibration),
+    )
     loaded = inst.load(target, shape, opts)
     rows = []
     for b in batches:
-        row = {"backend": backend, "precision": precision, "device": str(device), **measure(loaded, b, device, warmup, repeats)}
+        row = {
+            "backend": backend,
+            "precision": precision,
+            "device": str(device),
+            **measure(loaded, b, device, warmup, repeats),
+        }
         if inst.takes == "model":
-            row.update(channels_last=channels_last, **({"compile_mode": compile_mode} if backend == "torch-compile" else {}))
+            row.update(
+                channels_last=channels_last, **({"compile_mode": compile_mode} if backend == "torch-compile" else {})
+            )
         row.update(loaded.notes)
         rows.append(add_roofline(row, macs, roofline))
     return rows
@@ -78,7 +118,9 @@ def default_backend(target) -> str:
         return "torch-eager"
     backend = {".onnx": "onnxruntime-cpu", ".pte": "executorch"}.get(Path(target).suffix)
     if backend is None:
-        raise EffvisionError(f"cannot benchmark {target}: expected an .onnx or .pte file, an effvision checkpoint or a model name")
+        raise EffvisionError(
+            f"cannot benchmark {target}: expected an .onnx or .pte file, an effvision checkpoint or a model name"
+        )
     return backend
 
 
@@ -88,8 +130,16 @@ def batch_groups(takes: str, batches: Iterable[int]) -> list[tuple[int, ...]]:
     return [(b,) for b in batches] if takes == ".pte" else [batches]
 
 
-def bench_model(model: nn.Module, shape: list[int], pairs: list[tuple[str, str]], batches: Iterable[int] = (1, 32),
-                device: str | torch.device = "auto", calibration=None, workdir: str | Path | None = None, **kw) -> list[dict]:
+def bench_model(
+    model: nn.Module,
+    shape: list[int],
+    pairs: list[tuple[str, str]],
+    batches: Iterable[int] = (1, 32),
+    device: str | torch.device = "auto",
+    calibration=None,
+    workdir: str | Path | None = None,
+    **kw,
+) -> list[dict]:
     """Benchmark a torch model on (backend, precision) pairs, exporting it first for backends that
     run files (ONNX, ExecuTorch). `calibration` is a loader of (x, y) for int8 (random inputs
     when None: fine for speed, not for accuracy)."""
@@ -105,7 +155,11 @@ def bench_model(model: nn.Module, shape: list[int], pairs: list[tuple[str, str]]
         for name, precision in pairs:
             takes = get_backend(name).takes
             for group in batch_groups(takes, batches):
-                target = model if takes == "model" else export_for_backend(model, takes, precision, work, shape, calibration, batch=group[0])[0]
+                target = (
+                    model
+                    if takes == "model"
+                    else export_for_backend(model, takes, precision, work, shape, calibration, batch=group[0])[0]
+                )
                 calib = (x for x, _ in calibration) if calibration is not None else ()
                 rows += benchmark(target, shape, name, precision, group, device, calibration=calib, **kw)
     return rows

@@ -3,6 +3,7 @@ int8 (PT2E with XNNPACK's symmetric per-channel quantizer), and a runner for the
 
 ExecuTorch is an optional extra (`pip install 'effvision[edge]'`); without it, or when its
 build does not match the installed torch, the export says why instead of failing obscurely."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +19,7 @@ from torch import nn
 from ..errors import EffvisionError
 from ..fileio import atomic_write
 from .onnx_export import describe_export_failure, refuse_unexportable
+
 
 def executorch_missing() -> str | None:
     """Why ExecuTorch cannot be used here, or None when it can."""
@@ -36,8 +38,14 @@ def _require() -> None:
         raise EffvisionError(reason)
 
 
-def export_pte(model: nn.Module, path: str | Path, shape: list[int], precision: str = "fp32",
-               calibration: Iterable[torch.Tensor] = (), batch: int = 1) -> Path:
+def export_pte(
+    model: nn.Module,
+    path: str | Path,
+    shape: list[int],
+    precision: str = "fp32",
+    calibration: Iterable[torch.Tensor] = (),
+    batch: int = 1,
+) -> Path:
     """Export, (quantize,) lower to XNNPACK and write one .pte for a fixed batch size (what an
     edge app runs; ExecuTorch's bounded dynamic batch did not hold beyond small sizes here)."""
     _require()
@@ -62,7 +70,10 @@ def export_pte(model: nn.Module, path: str | Path, shape: list[int], precision: 
 
 
 def _quantize_xnnpack(model: nn.Module, example: tuple, calibration: Iterable[torch.Tensor]) -> nn.Module:
-    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
@@ -80,7 +91,7 @@ def _quantize_xnnpack(model: nn.Module, example: tuple, calibration: Iterable[to
 def _chunks(x: torch.Tensor, batch: int):
     """x cut into batches of exactly `batch` samples, the last one padded by repetition."""
     for i in range(0, len(x), batch):
-        part = x[i:i + batch]
+        part = x[i : i + batch]
         if len(part) < batch:
             part = torch.cat([part, part[-1:].expand(batch - len(part), *part.shape[1:])])
         yield part

@@ -3,6 +3,7 @@
 Every export is checked against the PyTorch model on real validation samples (max and mean
 absolute logit difference, top-1 agreement); the figures are written beside the artifact as
 `<artifact>.parity.json`."""
+
 from __future__ import annotations
 
 import tempfile
@@ -22,7 +23,9 @@ class Exporter:
     suffix = ""
     precisions: tuple[str, ...] = ()
 
-    def export(self, model: nn.Module, path: Path, shape: list[int], precision: str, calibration, batch: int = 1) -> Path:
+    def export(
+        self, model: nn.Module, path: Path, shape: list[int], precision: str, calibration, batch: int = 1
+    ) -> Path:
         """Write the artifact; `batch` matters only to formats with a fixed batch size."""
         raise NotImplementedError
 
@@ -33,6 +36,7 @@ class Exporter:
 @EXPORTERS.register("onnx")
 class OnnxExporter(Exporter):
     """ONNX, one file, dynamic batch: fp32; fp16 (fp32 I/O); int8 QDQ U8S8 per-channel (static)."""
+
     suffix = ".onnx"
     precisions = ("fp32", "fp16", "int8")
 
@@ -57,6 +61,7 @@ class OnnxExporter(Exporter):
 @EXPORTERS.register("executorch")
 class ExecutorchExporter(Exporter):
     """ExecuTorch .pte lowered to XNNPACK: fp32, or int8 (PT2E, symmetric per-channel)."""
+
     suffix = ".pte"
     precisions = ("fp32", "int8")
 
@@ -93,33 +98,67 @@ def parity(model: nn.Module, predict: Callable, loader: Iterable, max_batches: i
             ref = model(x).float().numpy()
             out = np.asarray(predict(x.numpy()), dtype=np.float32)
             diff = np.abs(ref - out)
-            max_diff, sum_diff, n_values = max(max_diff, float(diff.max())), sum_diff + float(diff.sum()), n_values + diff.size
+            max_diff, sum_diff, n_values = (
+                max(max_diff, float(diff.max())),
+                sum_diff + float(diff.sum()),
+                n_values + diff.size,
+            )
             agree += int((ref.argmax(1) == out.argmax(1)).sum())
             total += len(x)
     if not total:
         raise EffvisionError("parity check: the validation loader gave no samples")
-    return {"max_abs_diff": max_diff, "mean_abs_diff": sum_diff / n_values, "top1_agreement": agree / total, "samples": total}
+    return {
+        "max_abs_diff": max_diff,
+        "mean_abs_diff": sum_diff / n_values,
+        "top1_agreement": agree / total,
+        "samples": total,
+    }
 
 
 def parity_path(artifact: str | Path) -> Path:
     return Path(str(artifact) + ".parity.json")
 
 
-def export_verified(model: nn.Module, fmt: str, precision: str, path: str | Path, shape: list[int], calibration,
-                    val_loader, max_batches: int = 4, data: str | None = None, batch: int = 1) -> tuple[Path, dict]:
+def export_verified(
+    model: nn.Module,
+    fmt: str,
+    precision: str,
+    path: str | Path,
+    shape: list[int],
+    calibration,
+    val_loader,
+    max_batches: int = 4,
+    data: str | None = None,
+    batch: int = 1,
+) -> tuple[Path, dict]:
     """Export `model` as `fmt`/`precision` to `path`, check it against PyTorch on `val_loader`
     and save the figures beside it. `calibration` is a loader of (x, y) for int8."""
     exporter = get_exporter(fmt, precision)
     path = exporter.export(model, Path(path), list(shape), precision, calibration, batch=batch)
     check = parity(model, exporter.predictor(path), val_loader, max_batches)
-    figures = {"artifact": Path(path).name, "format": fmt, "precision": precision, "size_bytes": Path(path).stat().st_size,
-               "input_shape": list(shape), "data": data, **check}
+    figures = {
+        "artifact": Path(path).name,
+        "format": fmt,
+        "precision": precision,
+        "size_bytes": Path(path).stat().st_size,
+        "input_shape": list(shape),
+        "data": data,
+        **check,
+    }
     write_json(parity_path(path), figures)
     return Path(path), figures
 
 
-def export_for_backend(model: nn.Module, takes: str, precision: str, work: Path, shape: list[int], calibration=None,
-                       val_loader=None, batch: int = 1) -> tuple[Path, dict | None]:
+def export_for_backend(
+    model: nn.Module,
+    takes: str,
+    precision: str,
+    work: Path,
+    shape: list[int],
+    calibration=None,
+    val_loader=None,
+    batch: int = 1,
+) -> tuple[Path, dict | None]:
     """The file a file-running backend (`takes` = .onnx or .pte) benchmarks, exported once per
     (format, precision[, batch]) into `work`; verified when a validation loader is given. Without
     calibration data int8 is calibrated on random inputs: fine for speed, not for accuracy."""
@@ -130,5 +169,16 @@ def export_for_backend(model: nn.Module, takes: str, precision: str, work: Path,
         return path, None
     calibration = calibration if calibration is not None else [(torch.randn(8, *shape), None) for _ in range(4)]
     if val_loader is not None:
-        return export_verified(model, fmt, precision, path, shape, calibration, val_loader, max_batches=10_000, data="real images", batch=batch)
+        return export_verified(
+            model,
+            fmt,
+            precision,
+            path,
+            shape,
+            calibration,
+            val_loader,
+            max_batches=10_000,
+            data="real images",
+            batch=batch,
+        )
     return exporter.export(model, path, list(shape), precision, calibration, batch=batch), None

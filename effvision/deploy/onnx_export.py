@@ -1,4 +1,5 @@
 """ONNX export (single file, dynamic batch), its fp16 conversion and export-failure messages."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,9 +34,18 @@ def export_onnx(model: nn.Module, path: str | Path, shape: list[int] | None = No
         # The exporter prints progress and warnings meant for its own developers; keep ours clean.
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, (x,), str(tmp), dynamo=True, external_data=False, verbose=False, opset_version=opset,
-                              input_names=["input"], output_names=["logits"],
-                              dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))
+            torch.onnx.export(
+                model,
+                (x,),
+                str(tmp),
+                dynamo=True,
+                external_data=False,
+                verbose=False,
+                opset_version=opset,
+                input_names=["input"],
+                output_names=["logits"],
+                dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},),
+            )
 
     try:
         atomic_write(path, write)
@@ -46,8 +56,12 @@ def export_onnx(model: nn.Module, path: str | Path, shape: list[int] | None = No
         raise EffvisionError(f"ONNX export failed: {describe_export_failure(exc)}") from exc
 
 
-_OP_PATTERNS = (r"No ONNX function found for <OpOverload\(op='([^']+)'", r"target=torch\.ops\.([\w.]+?)(?:\.default)?[,\s)]",
-                r"[Uu]nsupported (?:operator|op|node)[^:]*:\s*'?([\w.:]+)", r"Operator ([\w.:]+) is not supported")
+_OP_PATTERNS = (
+    r"No ONNX function found for <OpOverload\(op='([^']+)'",
+    r"target=torch\.ops\.([\w.]+?)(?:\.default)?[,\s)]",
+    r"[Uu]nsupported (?:operator|op|node)[^:]*:\s*'?([\w.:]+)",
+    r"Operator ([\w.:]+) is not supported",
+)
 
 
 def failing_operator(message: str) -> str | None:

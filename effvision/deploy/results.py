@@ -1,5 +1,6 @@
 """Benchmark results as files: JSON (everything), a Markdown table and PNG plots of latency and
 throughput against batch size, one line per backend/precision (and model, in a suite)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,19 +34,37 @@ def _notes(row: dict) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ["model", "backend", "precision", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s", "GFLOP/s", "% of peak", "peak MiB", "first call ms", "notes"]
+    head = [
+        "model",
+        "backend",
+        "precision",
+        "batch",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "samples/s",
+        "GFLOP/s",
+        "% of peak",
+        "peak MiB",
+        "first call ms",
+        "notes",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("error"):
-            lines.append(f"| {r.get('model') or r.get('stage') or '-'} | {r['backend']} | {r['precision']} | {r.get('batch', '-')} | "
-                         f"failed: {r['error']} |" + " |" * (len(head) - 5))
+            lines.append(
+                f"| {r.get('model') or r.get('stage') or '-'} | {r['backend']} | {r['precision']} | {r.get('batch', '-')} | "
+                f"failed: {r['error']} |" + " |" * (len(head) - 5)
+            )
             continue
         name = (r.get("model") or r.get("stage") or "-") + (" (cl)" if r.get("channels_last") else "")
         backend = r["backend"] + (f" ({r['compile_mode']})" if r.get("compile_mode") not in (None, "default") else "")
         gflops = r.get("achieved_flops_per_s")
-        lines.append(f"| {name} | {backend} | {r['precision']} | {r['batch']} | {r['p50']:.3f} | {r['p90']:.3f} | {r['p99']:.3f} | "
-                     f"{r['samples_per_s']:.1f} | {'-' if gflops is None else f'{gflops / 1e9:.1f}'} | {_pct(r.get('fraction_of_peak'))} | "
-                     f"{_mib(r.get('peak_memory'))} | {r.get('first_call_ms', 0):.0f} | {_notes(r)} |")
+        lines.append(
+            f"| {name} | {backend} | {r['precision']} | {r['batch']} | {r['p50']:.3f} | {r['p90']:.3f} | {r['p99']:.3f} | "
+            f"{r['samples_per_s']:.1f} | {'-' if gflops is None else f'{gflops / 1e9:.1f}'} | {_pct(r.get('fraction_of_peak'))} | "
+            f"{_mib(r.get('peak_memory'))} | {r.get('first_call_ms', 0):.0f} | {_notes(r)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -58,8 +77,10 @@ def parity_table(exports: list[dict]) -> str:
         if e.get("error"):
             lines.append(f"| {e.get('model', '-')} | {e['artifact']} | failed: {e['error']} |" + " |" * (len(head) - 3))
             continue
-        lines.append(f"| {e.get('model', '-')} | {e['artifact']} | {'x'.join(map(str, e['input_shape']))} | {e['max_abs_diff']:.3g} | "
-                     f"{e['mean_abs_diff']:.3g} | {100 * e['top1_agreement']:.1f}% | {e['samples']} | {e['size_bytes'] / 1e6:.1f} |")
+        lines.append(
+            f"| {e.get('model', '-')} | {e['artifact']} | {'x'.join(map(str, e['input_shape']))} | {e['max_abs_diff']:.3g} | "
+            f"{e['mean_abs_diff']:.3g} | {100 * e['top1_agreement']:.1f}% | {e['samples']} | {e['size_bytes'] / 1e6:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -85,8 +106,12 @@ def plot_sweep(rows: list[dict], path: str | Path, title: str = "") -> Path | No
     for i, (name, pts) in enumerate(series.items()):
         pts = sorted(pts, key=lambda r: r["batch"])
         b = [p["batch"] for p in pts]
-        style = dict(marker="o", label=name, color=colors[i % len(colors)],
-                     linestyle=("-", "--", ":", "-.")[owners.index(pts[0].get("model") or pts[0].get("stage") or "") % 4])
+        style = dict(
+            marker="o",
+            label=name,
+            color=colors[i % len(colors)],
+            linestyle=("-", "--", ":", "-.")[owners.index(pts[0].get("model") or pts[0].get("stage") or "") % 4],
+        )
         lat.plot(b, [p["p50"] for p in pts], **style)
         tp.plot(b, [p["samples_per_s"] for p in pts], **style)
     for ax, y in ((lat, "latency p50 (ms)"), (tp, "throughput (samples/s)")):

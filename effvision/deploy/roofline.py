@@ -3,6 +3,7 @@ peak (FLOP/s) for a precision and the copy bandwidth (bytes read + written per s
 
 A model's achieved FLOP/s divided by the peak says how much of the hardware it uses; the peak
 divided by the bandwidth is the arithmetic intensity below which work is memory-bound."""
+
 from __future__ import annotations
 
 import torch
@@ -52,14 +53,16 @@ def _fitting_size(device: torch.device, precision: str, n_max: int, seconds: flo
         return n_max
     fn = _product(device, precision, 256)
     fn()
-    rate = 2 * 256 ** 3 / max(_best_ms(fn, device, warmup=0, repeats=2) / 1e3, 1e-9)
+    rate = 2 * 256**3 / max(_best_ms(fn, device, warmup=0, repeats=2) / 1e3, 1e-9)
     n = n_max
-    while n > 256 and 2 * n ** 3 / rate > seconds:
+    while n > 256 and 2 * n**3 / rate > seconds:
         n //= 2
     return n
 
 
-def matmul_peak(device: torch.device | str, precision: str = "fp32", n: int | None = None, repeats: int = 5) -> dict | None:
+def matmul_peak(
+    device: torch.device | str, precision: str = "fp32", n: int | None = None, repeats: int = 5
+) -> dict | None:
     """FLOP/s of an n x n x n matrix product in `precision` on `device`; None where the device has
     no such product (e.g. float8 before Hopper/Ada, int8 without torch._int_mm)."""
     device = torch.device(device)
@@ -75,7 +78,7 @@ def matmul_peak(device: torch.device | str, precision: str = "fp32", n: int | No
         return None
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    return {"precision": precision, "n": n, "ms": round(ms, 4), "flops_per_s": 2 * n ** 3 / (ms / 1e3)}
+    return {"precision": precision, "n": n, "ms": round(ms, 4), "flops_per_s": 2 * n**3 / (ms / 1e3)}
 
 
 def copy_bandwidth(device: torch.device | str, nbytes: int | None = None, repeats: int = 5) -> dict:
@@ -114,5 +117,8 @@ class Roofline:
 
     def summary(self) -> dict:
         bw = self.measure_bandwidth()
-        return {"device": str(self.device), "copy_bytes_per_s": bw["bytes_per_s"],
-                "matmul_flops_per_s": {p: (v["flops_per_s"] if v else None) for p, v in self.peaks.items()}}
+        return {
+            "device": str(self.device),
+            "copy_bytes_per_s": bw["bytes_per_s"],
+            "matmul_flops_per_s": {p: (v["flops_per_s"] if v else None) for p, v in self.peaks.items()},
+        }

@@ -1,4 +1,5 @@
 """ONNX Runtime sessions: one way to open and run an exported artifact."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """Deployment stages: export (ONNX or ExecuTorch, any precision, verified against PyTorch) and
 bench (the harness over every artifact of the run, with the device's roofline and plots)."""
+
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -8,9 +9,9 @@ from pydantic import Field, field_validator
 
 from ..data.selectors import CalibrationConfig
 from ..errors import EffvisionError
+from ..recipe import StageConfig
 from ..registry import BACKENDS, EXPORTERS
 from ..stage import StageResult, register_stage
-from ..recipe import StageConfig
 from .bench import benchmark
 from .exporters import export_verified
 
@@ -19,10 +20,16 @@ class ExportConfig(StageConfig):
     type: Literal["export"] = "export"
     format: str = Field("onnx", description="export format: onnx or executorch")
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
-    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="{selector, n}: samples that calibrate int8 activations")
+    calibration: CalibrationConfig = Field(
+        default_factory=CalibrationConfig, description="{selector, n}: samples that calibrate int8 activations"
+    )
     parity_batches: int = Field(4, ge=1, description="validation batches compared against PyTorch")
-    tolerance: Optional[float] = Field(None, gt=0, description="largest max-abs logit difference accepted for fp32 "
-                                       "(default 1e-3, or the model's parity_tolerance when it picks neighbours)")
+    tolerance: Optional[float] = Field(
+        None,
+        gt=0,
+        description="largest max-abs logit difference accepted for fp32 "
+        "(default 1e-3, or the model's parity_tolerance when it picks neighbours)",
+    )
     min_agreement: float = Field(0.9, ge=0, le=1, description="smallest top-1 agreement with PyTorch accepted")
 
     @field_validator("format")
@@ -36,15 +43,27 @@ class ExportConfig(StageConfig):
 def run_export(ctx, cfg: ExportConfig) -> StageResult:
     """Export the current model, verify it on validation samples, keep the figures beside it."""
     suffix = EXPORTERS.get(cfg.format).suffix
-    path, check = export_verified(ctx.model, cfg.format, cfg.precision, ctx.stage_dir / f"model{suffix}", ctx.input_shape,
-                                  ctx.calibration_loader(cfg.calibration), ctx.data.val_loader(),
-                                  cfg.parity_batches, data=ctx.data.name)
+    path, check = export_verified(
+        ctx.model,
+        cfg.format,
+        cfg.precision,
+        ctx.stage_dir / f"model{suffix}",
+        ctx.input_shape,
+        ctx.calibration_loader(cfg.calibration),
+        ctx.data.val_loader(),
+        cfg.parity_batches,
+        data=ctx.data.name,
+    )
     tolerance = cfg.tolerance or getattr(ctx.model, "parity_tolerance", 1e-3)
     if cfg.precision == "fp32" and check["max_abs_diff"] > tolerance:
-        raise EffvisionError(f"exported {cfg.format} differs from PyTorch by {check['max_abs_diff']:.2e} > tolerance {tolerance:g} ({path})")
+        raise EffvisionError(
+            f"exported {cfg.format} differs from PyTorch by {check['max_abs_diff']:.2e} > tolerance {tolerance:g} ({path})"
+        )
     if check["top1_agreement"] < cfg.min_agreement:
-        raise EffvisionError(f"exported {cfg.format} {cfg.precision} agrees with PyTorch on {check['top1_agreement']:.1%} of samples "
-                             f"< min_agreement {cfg.min_agreement:.0%} ({path})")
+        raise EffvisionError(
+            f"exported {cfg.format} {cfg.precision} agrees with PyTorch on {check['top1_agreement']:.1%} of samples "
+            f"< min_agreement {cfg.min_agreement:.0%} ({path})"
+        )
     return ctx.artifact_result(path, extra={"format": cfg.format, "precision": cfg.precision, "parity": check})
 
 
@@ -69,32 +88,56 @@ def run_evaluate(ctx, cfg: EvaluateConfig) -> StageResult:
 
     card, views = ctx.data.card, cfg.clips * cfg.crops
     dataset = ViewsDataset(ctx.data.val, cfg.clips, cfg.crops, card.image_size, card.mean, card.std)
-    loader = DataLoader(dataset, batch_size=max(1, ctx.data.config.eval_batch_size // views), num_workers=ctx.data.config.num_workers)
-    predict, runtime = (onnx_predictor(ctx.onnx), "onnxruntime") if ctx.onnx else (torch_predictor(ctx.model, ctx.device), "torch")
+    loader = DataLoader(
+        dataset, batch_size=max(1, ctx.data.config.eval_batch_size // views), num_workers=ctx.data.config.num_workers
+    )
+    predict, runtime = (
+        (onnx_predictor(ctx.onnx), "onnxruntime") if ctx.onnx else (torch_predictor(ctx.model, ctx.device), "torch")
+    )
     start = time.perf_counter()
     acc, frames_per_video = views_accuracy(predict, loader)
     seconds = time.perf_counter() - start
     shipped = next(r for r in reversed(ctx.records) if {"onnx", "model"} & set(r["artifacts"]))
     metrics = {k: shipped.get(k) for k in ("params", "macs", "size_bytes")}
-    metrics.update(accuracy=acc, evaluated_with=runtime, artifact_of=shipped["name"], time_to_accuracy_s=None, clips=cfg.clips,
-                   crops=cfg.crops, views=views, macs_per_video=(shipped.get("macs") or 0) * views,
-                   frames_decoded_per_video=round(frames_per_video, 2), frames_decoded_per_clip=round(frames_per_video / cfg.clips, 2),
-                   ms_per_video=round(1000 * seconds / max(1, len(dataset)), 2))
+    metrics.update(
+        accuracy=acc,
+        evaluated_with=runtime,
+        artifact_of=shipped["name"],
+        time_to_accuracy_s=None,
+        clips=cfg.clips,
+        crops=cfg.crops,
+        views=views,
+        macs_per_video=(shipped.get("macs") or 0) * views,
+        frames_decoded_per_video=round(frames_per_video, 2),
+        frames_decoded_per_clip=round(frames_per_video / cfg.clips, 2),
+        ms_per_video=round(1000 * seconds / max(1, len(dataset)), 2),
+    )
     return StageResult(metrics, {})
 
 
 # Which backends run which kind of artifact a run produces.
-_RUNS = {"model": ("torch-eager", "torch-compile"), "onnx": ("onnxruntime-cpu", "onnxruntime-cuda"), "pte": ("executorch",)}
+_RUNS = {
+    "model": ("torch-eager", "torch-compile"),
+    "onnx": ("onnxruntime-cpu", "onnxruntime-cuda"),
+    "pte": ("executorch",),
+}
 
 
 class BenchConfig(StageConfig):
     type: Literal["bench"] = "bench"
     backends: list[str] = Field(default_factory=lambda: ["onnxruntime-cpu", "torch-eager"])
-    precisions: list[str] = Field(default_factory=lambda: ["fp32"], description="for torch models; exported files run in their own precision")
-    batches: list[int] = Field(default_factory=lambda: [1, 32], description="batch sweep; the smallest is the latency batch, the largest the throughput one")
+    precisions: list[str] = Field(
+        default_factory=lambda: ["fp32"], description="for torch models; exported files run in their own precision"
+    )
+    batches: list[int] = Field(
+        default_factory=lambda: [1, 32],
+        description="batch sweep; the smallest is the latency batch, the largest the throughput one",
+    )
     device: str = Field("auto", description="auto, cpu or cuda")
     channels_last: bool = False
-    compile_mode: str = Field("default", description="torch.compile mode for torch-compile (reduce-overhead: CUDA graphs)")
+    compile_mode: str = Field(
+        "default", description="torch.compile mode for torch-compile (reduce-overhead: CUDA graphs)"
+    )
     warmup: int = Field(10, ge=0)
     repeats: int = Field(50, ge=3)
     threads: int | None = Field(None, ge=1, description="intra-op threads (default: all cores)")
@@ -134,15 +177,34 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
         for backend in (b for b in cfg.backends if b in _RUNS[kind]):
             if BACKENDS.get(backend).missing() or device.type not in BACKENDS.get(backend).supports:
                 continue
-            precisions = cfg.precisions if kind == "model" else [onnx_precision(artifact) if kind == "onnx" else ctx.records_by_name[stage].get("precision", "fp32")]
+            precisions = (
+                cfg.precisions
+                if kind == "model"
+                else [
+                    onnx_precision(artifact) if kind == "onnx" else ctx.records_by_name[stage].get("precision", "fp32")
+                ]
+            )
             batches = cfg.batches
             if kind == "pte":  # a program runs the batch size it was exported for
                 from .executorch_export import pte_input_shape
 
                 batches = pte_input_shape(artifact)[:1]
             for precision in precisions:
-                rows = benchmark(artifact, ctx.input_shape, backend, precision, batches, device, cfg.channels_last, cfg.compile_mode,
-                                 cfg.warmup, cfg.repeats, cfg.threads, macs=macs, roofline=roofline)
+                rows = benchmark(
+                    artifact,
+                    ctx.input_shape,
+                    backend,
+                    precision,
+                    batches,
+                    device,
+                    cfg.channels_last,
+                    cfg.compile_mode,
+                    cfg.warmup,
+                    cfg.repeats,
+                    cfg.threads,
+                    macs=macs,
+                    roofline=roofline,
+                )
                 measurements += [{"stage": stage, **r} for r in rows]
     if not measurements:
         raise EffvisionError(f"bench: nothing to measure with backends {cfg.backends} on {device.type}")

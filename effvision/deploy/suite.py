@@ -7,6 +7,7 @@ in the same run.
 
     python -m effvision.deploy.suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,8 @@ import torch
 
 from ..device import resolve_device
 from ..errors import EffvisionError
-from .backends import backend as get_backend, check_pair
+from .backends import backend as get_backend
+from .backends import check_pair
 from .bench import batch_groups, benchmark
 from .exporters import export_for_backend, export_verified
 
@@ -30,20 +32,48 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # the later ones are skipped (and listed as skipped), so the most asked-for figures come first.
 SUITES = {
     "cpu": {
-        "device": "cpu", "input_size": [3, 224, 224], "batches": [1, 32], "channels_last": False, "warmup": 5, "repeats": 30,
+        "device": "cpu",
+        "input_size": [3, 224, 224],
+        "batches": [1, 32],
+        "channels_last": False,
+        "warmup": 5,
+        "repeats": 30,
         "models": {"resnet18": "torchvision:resnet18", "mobilenetv3_small_100": "timm:mobilenetv3_small_100"},
-        "runs": [("onnxruntime-cpu", "fp32", None), ("onnxruntime-cpu", "int8", None), ("torch-eager", "fp32", None),
-                 ("executorch", "fp32", None), ("executorch", "int8", None), ("torch-compile", "fp32", "default"),
-                 ("torch-compile", "int8", "default")],
+        "runs": [
+            ("onnxruntime-cpu", "fp32", None),
+            ("onnxruntime-cpu", "int8", None),
+            ("torch-eager", "fp32", None),
+            ("executorch", "fp32", None),
+            ("executorch", "int8", None),
+            ("torch-compile", "fp32", "default"),
+            ("torch-compile", "int8", "default"),
+        ],
     },
     "gpu": {
-        "device": "cuda", "input_size": [3, 224, 224], "batches": [1, 256], "channels_last": True, "warmup": 10, "repeats": 50,
-        "models": {"resnet50": "torchvision:resnet50", "resnet18": "timm:resnet18", "mobilenetv3_large_100": "timm:mobilenetv3_large_100",
-                   "efficientnet_b0": "timm:efficientnet_b0", "resnet18-pruned-distilled": "variant"},
+        "device": "cuda",
+        "input_size": [3, 224, 224],
+        "batches": [1, 256],
+        "channels_last": True,
+        "warmup": 10,
+        "repeats": 50,
+        "models": {
+            "resnet50": "torchvision:resnet50",
+            "resnet18": "timm:resnet18",
+            "mobilenetv3_large_100": "timm:mobilenetv3_large_100",
+            "efficientnet_b0": "timm:efficientnet_b0",
+            "resnet18-pruned-distilled": "variant",
+        },
         "runs": [("torch-eager", p, None) for p in ("fp32", "tf32", "bf16", "fp16", "int8", "float8")]
-        + [("torch-compile", "bf16", "default"), ("torch-compile", "bf16", "reduce-overhead"), ("torch-compile", "fp16", "reduce-overhead"),
-           ("torch-compile", "fp32", "default"), ("torch-compile", "int8", "reduce-overhead"), ("torch-compile", "float8", "reduce-overhead"),
-           ("onnxruntime-cuda", "fp32", None), ("onnxruntime-cuda", "fp16", None)],
+        + [
+            ("torch-compile", "bf16", "default"),
+            ("torch-compile", "bf16", "reduce-overhead"),
+            ("torch-compile", "fp16", "reduce-overhead"),
+            ("torch-compile", "fp32", "default"),
+            ("torch-compile", "int8", "reduce-overhead"),
+            ("torch-compile", "float8", "reduce-overhead"),
+            ("onnxruntime-cuda", "fp32", None),
+            ("onnxruntime-cuda", "fp16", None),
+        ],
     },
 }
 
@@ -63,7 +93,9 @@ def real_images(folder: str | Path, size: int, mean, std):
     return tuple(DataLoader(_Transformed(Subset(ds, idx), tf), batch_size=32) for idx in (calib, val))
 
 
-def build_model(label: str, arch: str, weights: dict[str, str], variant_of: str = "torchvision:resnet18") -> tuple[torch.nn.Module, str]:
+def build_model(
+    label: str, arch: str, weights: dict[str, str], variant_of: str = "torchvision:resnet18"
+) -> tuple[torch.nn.Module, str]:
     """The model for a suite row and where its weights came from."""
     from ..models import create_model, load_checkpoint
 
@@ -98,14 +130,31 @@ def native_agreement(model, images: str, work: Path, shape: list[int]) -> dict |
     if native == list(shape):
         return None
     calib, val = real_images(images, native[-1], *_norm_of(model))
-    _, figures = export_verified(model, "onnx", "int8", Path(work) / "model.int8.native.onnx", native, calib, val,
-                                 max_batches=10_000, data="real images, trained input size")
+    _, figures = export_verified(
+        model,
+        "onnx",
+        "int8",
+        Path(work) / "model.int8.native.onnx",
+        native,
+        calib,
+        val,
+        max_batches=10_000,
+        data="real images, trained input size",
+    )
     return figures
 
 
-def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = None, images: str | None = None,
-              budget_s: float | None = None, only: list[str] | None = None, repeats: int | None = None,
-              warmup: int | None = None, log=print) -> dict:
+def run_suite(
+    name: str,
+    out_dir: str | Path,
+    weights: dict[str, str] | None = None,
+    images: str | None = None,
+    budget_s: float | None = None,
+    only: list[str] | None = None,
+    repeats: int | None = None,
+    warmup: int | None = None,
+    log=print,
+) -> dict:
     from ..env import collect_env
     from ..models import count_macs
     from .results import write_results
@@ -124,7 +173,9 @@ def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = N
     meta = {"suite": name, "device": str(device), "input_shape": shape, "batches": batches, "env": collect_env()}
 
     def save():
-        meta.update(roofline=roofline.summary(), models=models, exports=exports, elapsed_s=round(time.perf_counter() - start, 1))
+        meta.update(
+            roofline=roofline.summary(), models=models, exports=exports, elapsed_s=round(time.perf_counter() - start, 1)
+        )
         write_results(rows, out_dir, meta, f"effvision {name} suite ({meta['env']['gpu'] or meta['env']['cpu']})")
 
     built = {}
@@ -133,13 +184,25 @@ def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = N
             continue
         model, source = build_model(label, arch, weights)
         macs = count_macs(model, shape)
-        models[label] = {"arch": arch, "weights": source, "macs": macs, "params": sum(p.numel() for p in model.parameters())}
+        models[label] = {
+            "arch": arch,
+            "weights": source,
+            "macs": macs,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
         loaders = real_images(images, shape[-1], *_norm_of(model)) if images else (None, None)
         built[label] = (model, macs, *loaders)
         try:
-            native = native_agreement(model, images, out_dir / "artifacts" / label, shape) if images and label in weights else None
+            native = (
+                native_agreement(model, images, out_dir / "artifacts" / label, shape)
+                if images and label in weights
+                else None
+            )
         except (EffvisionError, RuntimeError, ValueError) as exc:
-            native = {"artifact": "model.int8.native.onnx", "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]}
+            native = {
+                "artifact": "model.int8.native.onnx",
+                "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300],
+            }
         if native:
             exports.append({"model": label, **native})
     # Run by run across the models, so a spent budget cuts the slowest configurations of every
@@ -147,7 +210,12 @@ def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = N
     for backend, precision, mode in suite["runs"]:
         for label, (model, macs, calib, val) in built.items():
             work = out_dir / "artifacts" / label
-            base = {"model": label, "backend": backend, "precision": precision, **({"compile_mode": mode} if mode else {})}
+            base = {
+                "model": label,
+                "backend": backend,
+                "precision": precision,
+                **({"compile_mode": mode} if mode else {}),
+            }
             if budget_s and time.perf_counter() - start > budget_s:
                 rows.append({**base, "error": f"skipped: time budget {budget_s:.0f}s spent"})
                 continue
@@ -158,12 +226,26 @@ def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = N
                 for group in batch_groups(takes, batches):
                     target = model
                     if takes != "model":
-                        target, figures = export_for_backend(model, takes, precision, work, shape, calib, val, batch=group[0])
+                        target, figures = export_for_backend(
+                            model, takes, precision, work, shape, calib, val, batch=group[0]
+                        )
                         if figures:
                             exports.append({"model": label, **figures})
-                    found = benchmark(target, shape, backend, precision, group, device, suite["channels_last"] and takes == "model",
-                                      mode or "default", warmup or suite["warmup"], repeats or suite["repeats"], macs=macs, roofline=roofline,
-                                      calibration=(x for x, _ in calib) if calib is not None else ())
+                    found = benchmark(
+                        target,
+                        shape,
+                        backend,
+                        precision,
+                        group,
+                        device,
+                        suite["channels_last"] and takes == "model",
+                        mode or "default",
+                        warmup or suite["warmup"],
+                        repeats or suite["repeats"],
+                        macs=macs,
+                        roofline=roofline,
+                        calibration=(x for x, _ in calib) if calib is not None else (),
+                    )
                     rows += [{"model": label, **r} for r in found]
             except (EffvisionError, RuntimeError, ValueError, NotImplementedError, AssertionError, ImportError) as exc:
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
@@ -178,12 +260,26 @@ def run_suite(name: str, out_dir: str | Path, weights: dict[str, str] | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m effvision.deploy.suite", description="Run a benchmark suite (see BENCHMARKS.md).")
+    parser = argparse.ArgumentParser(
+        prog="python -m effvision.deploy.suite", description="Run a benchmark suite (see BENCHMARKS.md)."
+    )
     parser.add_argument("suite", choices=sorted(SUITES))
-    parser.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default: $OUT, else runs/bench-<suite>)")
-    parser.add_argument("--weights", action="append", default=[], metavar="MODEL=CHECKPOINT", help="trained weights for a suite model (repeatable)")
-    parser.add_argument("--images", help="labelled image folder: int8 calibration and the parity/agreement check of every export")
-    parser.add_argument("--budget", type=float, default=None, help="seconds; later runs are skipped (and listed) once spent")
+    parser.add_argument(
+        "--out", default=os.environ.get("OUT"), help="output folder (default: $OUT, else runs/bench-<suite>)"
+    )
+    parser.add_argument(
+        "--weights",
+        action="append",
+        default=[],
+        metavar="MODEL=CHECKPOINT",
+        help="trained weights for a suite model (repeatable)",
+    )
+    parser.add_argument(
+        "--images", help="labelled image folder: int8 calibration and the parity/agreement check of every export"
+    )
+    parser.add_argument(
+        "--budget", type=float, default=None, help="seconds; later runs are skipped (and listed) once spent"
+    )
     parser.add_argument("--models", help="comma list: only these suite models")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--warmup", type=int)
@@ -196,8 +292,17 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or f"runs/bench-{args.suite}"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        meta = run_suite(args.suite, out, weights, args.images, args.budget, args.models.split(",") if args.models else None,
-                         args.repeats, args.warmup, log=lambda m: print(m, flush=True))
+        meta = run_suite(
+            args.suite,
+            out,
+            weights,
+            args.images,
+            args.budget,
+            args.models.split(",") if args.models else None,
+            args.repeats,
+            args.warmup,
+            log=lambda m: print(m, flush=True),
+        )
     except EffvisionError as exc:
         print(f"effvision: error: {exc}", file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ only once compiled by inductor), on a GPU torchao's int8 dynamic quantization; f
 float8 dynamic quantization (Hopper/Ada). torchao's GPU configs replace nn.Linear weights; the
 result says how many layers were quantized so a mostly-convolutional model is not mistaken for
 an int8 one."""
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,11 @@ def math_mode(precision: str):
 
 def _count_quantized(model: nn.Module) -> int:
     """Layers whose weight torchao swapped for a quantized tensor subclass."""
-    return sum(1 for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
-               and type(m.weight) not in (torch.Tensor, nn.Parameter))
+    return sum(
+        1
+        for m in model.modules()
+        if isinstance(getattr(m, "weight", None), torch.Tensor) and type(m.weight) not in (torch.Tensor, nn.Parameter)
+    )
 
 
 def pt2e_int8_cpu(model: nn.Module, example: torch.Tensor, calibration: Iterable[torch.Tensor]) -> nn.Module:
@@ -61,7 +65,9 @@ def pt2e_int8_cpu(model: nn.Module, example: torch.Tensor, calibration: Iterable
             prepared = prepare_pt2e(torch.export.export(model, (example,), dynamic_shapes=batch).module(), quantizer)
         except Exception as exc:  # noqa: BLE001  (the quantizer rejects some graph patterns)
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise EffvisionError(f"pt2e int8 (X86InductorQuantizer) cannot quantize this model: {type(exc).__name__}: {first}") from exc
+            raise EffvisionError(
+                f"pt2e int8 (X86InductorQuantizer) cannot quantize this model: {type(exc).__name__}: {first}"
+            ) from exc
         seen = 0
         for x in calibration:
             prepared(x)
@@ -73,17 +79,27 @@ def pt2e_int8_cpu(model: nn.Module, example: torch.Tensor, calibration: Iterable
 
 def torchao_gpu(model: nn.Module, precision: str) -> tuple[nn.Module, int]:
     try:
-        from torchao.quantization import quantize_
         import torchao.quantization as tq
+        from torchao.quantization import quantize_
     except ImportError as exc:
         raise EffvisionError(f"{precision} on a GPU needs torchao: {exc}") from None
-    config = tq.Int8DynamicActivationInt8WeightConfig() if precision == "int8" else tq.Float8DynamicActivationFloat8WeightConfig()
+    config = (
+        tq.Int8DynamicActivationInt8WeightConfig()
+        if precision == "int8"
+        else tq.Float8DynamicActivationFloat8WeightConfig()
+    )
     quantize_(model, config)
     return model, _count_quantized(model)
 
 
-def prepare_model(model: nn.Module, precision: str, device: torch.device, example: torch.Tensor,
-                  calibration: Iterable[torch.Tensor] = (), channels_last: bool = False) -> tuple[nn.Module, dict]:
+def prepare_model(
+    model: nn.Module,
+    precision: str,
+    device: torch.device,
+    example: torch.Tensor,
+    calibration: Iterable[torch.Tensor] = (),
+    channels_last: bool = False,
+) -> tuple[nn.Module, dict]:
     """A copy of `model` ready to run in `precision` on `device`, and notes for the result."""
     model = copy.deepcopy(model).eval().to(device)
     notes: dict = {}

@@ -1,6 +1,18 @@
 """Model builders: our own compact nets, timm and torchvision adapters, checkpoints, profiling."""
+
 from .checkpoint import load_checkpoint, load_pretrained, save_checkpoint
 from .factory import build, create_model, list_models, resolve
 from .profile import count_macs, count_params, input_shape
 
-__all__ = ["build", "create_model", "list_models", "resolve", "load_checkpoint", "load_pretrained", "save_checkpoint", "count_macs", "count_params", "input_shape"]
+__all__ = [
+    "build",
+    "create_model",
+    "list_models",
+    "resolve",
+    "load_checkpoint",
+    "load_pretrained",
+    "save_checkpoint",
+    "count_macs",
+    "count_params",
+    "input_shape",
+]

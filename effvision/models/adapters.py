@@ -1,4 +1,5 @@
 """Reach any timm or torchvision classification model by name, with num_classes and input size set."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -17,7 +18,9 @@ def create_timm(name: str, num_classes: int, input_size: list[int] | None, **kwa
         # hybrids (FastViT, MobileViT) refuse it, and their entrypoints hide which is which.
         if "img_size" not in kwargs:
             try:
-                return timm.create_model(name, pretrained=False, num_classes=num_classes, img_size=input_size[-1], **kwargs)
+                return timm.create_model(
+                    name, pretrained=False, num_classes=num_classes, img_size=input_size[-1], **kwargs
+                )
             except TypeError as exc:
                 if "img_size" not in str(exc):
                     raise
@@ -27,7 +30,9 @@ def create_timm(name: str, num_classes: int, input_size: list[int] | None, **kwa
 def create_torchvision(name: str, num_classes: int, input_size: list[int] | None, **kwargs) -> nn.Module:
     import torchvision
 
-    available = torchvision.models.list_models(module=torchvision.models) + torchvision.models.list_models(module=torchvision.models.video)
+    available = torchvision.models.list_models(module=torchvision.models) + torchvision.models.list_models(
+        module=torchvision.models.video
+    )
     if name not in available:
         raise UnknownNameError(suggest(name, available, "torchvision model"))
     if input_size is not None and name.startswith(("vit", "swin", "maxvit")):

@@ -2,6 +2,7 @@
 
 Loaded with torch.load(weights_only=True): no pickled Python objects from a user's file, ever.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,20 @@ from .adapters import classifier_of
 
 FORMAT = "effvision-checkpoint/1"
 # Constructor sizes that structured pruning changes; everything else comes from the spec.
-_SIZE_ATTRS = ("in_channels", "out_channels", "groups", "in_features", "out_features", "num_features", "normalized_shape", "num_channels", "num_groups", "embed_dim", "num_heads", "head_dim")
+_SIZE_ATTRS = (
+    "in_channels",
+    "out_channels",
+    "groups",
+    "in_features",
+    "out_features",
+    "num_features",
+    "normalized_shape",
+    "num_channels",
+    "num_groups",
+    "embed_dim",
+    "num_heads",
+    "head_dim",
+)
 
 
 def layer_sizes(model: nn.Module) -> dict[str, dict]:
@@ -75,7 +89,9 @@ def load_checkpoint(path: str | Path) -> nn.Module:
 
     ckpt = _read(path)
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise EffvisionError(f"{path} is not an effvision checkpoint (use --pretrained / model.pretrained for plain weights)")
+        raise EffvisionError(
+            f"{path} is not an effvision checkpoint (use --pretrained / model.pretrained for plain weights)"
+        )
     model = build(ckpt["spec"])
     _resize(model, ckpt["layers"], ckpt["state_dict"])
     _load_state(model, ckpt["state_dict"], path, strict=True)
@@ -89,12 +105,17 @@ def _load_state(model: nn.Module, state: dict, path, strict: bool) -> None:
         k = bad[0]
         raise EffvisionError(
             f"checkpoint {path} does not match the model: {k} has shape {tuple(state[k].shape)} in the file, "
-            f"{tuple(own[k].shape)} in the model ({len(bad)} mismatched tensors)")
+            f"{tuple(own[k].shape)} in the model ({len(bad)} mismatched tensors)"
+        )
     missing, unexpected = model.load_state_dict(state, strict=False)
     if strict and (missing or unexpected):
-        raise EffvisionError(f"checkpoint {path} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise EffvisionError(
+            f"checkpoint {path} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     if not strict and len(missing) > len(own) // 2:
-        raise EffvisionError(f"checkpoint {path} does not match the model: {len(missing)} of {len(own)} tensors missing (e.g. {missing[0]})")
+        raise EffvisionError(
+            f"checkpoint {path} does not match the model: {len(missing)} of {len(own)} tensors missing (e.g. {missing[0]})"
+        )
 
 
 def load_pretrained(model: nn.Module, path: str | Path) -> list[str]:
@@ -111,7 +132,9 @@ def load_pretrained(model: nn.Module, path: str | Path) -> list[str]:
     state = {k.removeprefix("module."): v for k, v in state.items()}
     own = model.state_dict()
     head = classifier_of(model)
-    head_keys = {f"{n}.{p}" for n, m in model.named_modules() if m is head for p, _ in m.named_parameters(recurse=False)}
+    head_keys = {
+        f"{n}.{p}" for n, m in model.named_modules() if m is head for p, _ in m.named_parameters(recurse=False)
+    }
     reset = [k for k in head_keys if k in state and state[k].shape != own[k].shape]
     for k in reset:
         state.pop(k)

@@ -3,6 +3,7 @@ Recognition", CVPR 2016, section 4.2), sized to a few hundred thousand parameter
 
 Every width is read from layer shapes at run time, so a structurally pruned copy runs unpatched.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,13 +34,17 @@ class BasicBlock(nn.Module):
 class CifarResNet(LinearHead, nn.Module):
     """Stem + three stages (strides 1, 2, 2) of basic blocks + global pool + linear head."""
 
-    def __init__(self, num_classes: int = 10, width: float = 1.0, depth: int = 8, in_chans: int = 3, drop_rate: float = 0.0):
+    def __init__(
+        self, num_classes: int = 10, width: float = 1.0, depth: int = 8, in_chans: int = 3, drop_rate: float = 0.0
+    ):
         super().__init__()
         if (depth - 2) % 6:
             raise ValueError("depth must be 6n+2 (8, 14, 20, ...)")
         blocks = (depth - 2) // 6
         widths = [max(8, int(round(c * width))) for c in (32, 64, 128)]
-        self.stem = nn.Sequential(nn.Conv2d(in_chans, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_chans, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)
+        )
         layers, cin = [], widths[0]
         for i, cout in enumerate(widths):
             for b in range(blocks):

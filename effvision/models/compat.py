@@ -2,6 +2,7 @@
 
 `effvision zoo compat` writes it; every row is measured when the command runs (nothing cached).
 """
+
 from __future__ import annotations
 
 import re
@@ -12,22 +13,66 @@ from .conformance import STEPS, Conformance, run_conformance
 
 # timm's compact families; ImageNet input size (224), 10 classes.
 DEFAULT_MODELS = (
-    "mobilenetv2_050", "mobilenetv2_100", "mobilenetv2_140",
-    "mobilenetv3_small_050", "mobilenetv3_small_075", "mobilenetv3_small_100", "mobilenetv3_large_075", "mobilenetv3_large_100",
-    "mobilenetv4_conv_small", "mobilenetv4_conv_medium", "mobilenetv4_hybrid_medium",
-    "efficientnet_b0", "efficientnet_b1", "efficientnet_es", "efficientnet_lite0", "tf_efficientnet_lite0",
-    "ghostnet_050", "ghostnet_100", "ghostnetv2_100", "ghostnetv3_100",
-    "regnetx_002", "regnetx_004", "regnety_002", "regnety_004",
-    "mobilevit_xxs", "mobilevit_xs", "mobilevitv2_050", "mobilevitv2_075",
-    "fastvit_t8", "fastvit_t12", "fastvit_s12",
-    "efficientvit_b0", "efficientvit_m0", "efficientvit_m1",
-    "repvit_m0_9", "repvit_m1", "repvit_m1_0",
-    "levit_128s", "levit_conv_128s",
-    "edgenext_xx_small", "edgenext_x_small",
-    "convnext_atto", "convnext_femto", "convnext_pico",
-    "tinynet_a", "tinynet_e", "hardcorenas_a", "hardcorenas_f", "lcnet_050", "lcnet_100",
-    "mobileone_s0", "mobileone_s1", "fbnetc_100", "mnasnet_100", "semnasnet_100", "spnasnet_100",
-    "rexnet_100", "efficientformerv2_s0", "resnet10t", "resnet18",
+    "mobilenetv2_050",
+    "mobilenetv2_100",
+    "mobilenetv2_140",
+    "mobilenetv3_small_050",
+    "mobilenetv3_small_075",
+    "mobilenetv3_small_100",
+    "mobilenetv3_large_075",
+    "mobilenetv3_large_100",
+    "mobilenetv4_conv_small",
+    "mobilenetv4_conv_medium",
+    "mobilenetv4_hybrid_medium",
+    "efficientnet_b0",
+    "efficientnet_b1",
+    "efficientnet_es",
+    "efficientnet_lite0",
+    "tf_efficientnet_lite0",
+    "ghostnet_050",
+    "ghostnet_100",
+    "ghostnetv2_100",
+    "ghostnetv3_100",
+    "regnetx_002",
+    "regnetx_004",
+    "regnety_002",
+    "regnety_004",
+    "mobilevit_xxs",
+    "mobilevit_xs",
+    "mobilevitv2_050",
+    "mobilevitv2_075",
+    "fastvit_t8",
+    "fastvit_t12",
+    "fastvit_s12",
+    "efficientvit_b0",
+    "efficientvit_m0",
+    "efficientvit_m1",
+    "repvit_m0_9",
+    "repvit_m1",
+    "repvit_m1_0",
+    "levit_128s",
+    "levit_conv_128s",
+    "edgenext_xx_small",
+    "edgenext_x_small",
+    "convnext_atto",
+    "convnext_femto",
+    "convnext_pico",
+    "tinynet_a",
+    "tinynet_e",
+    "hardcorenas_a",
+    "hardcorenas_f",
+    "lcnet_050",
+    "lcnet_100",
+    "mobileone_s0",
+    "mobileone_s1",
+    "fbnetc_100",
+    "mnasnet_100",
+    "semnasnet_100",
+    "spnasnet_100",
+    "rexnet_100",
+    "efficientformerv2_s0",
+    "resnet10t",
+    "resnet18",
 )
 
 
@@ -44,8 +89,13 @@ def plain_torch_pruning_error(name: str, size: int, num_classes: int, ratio: flo
     model = create_model(f"timm:{name}", num_classes=num_classes, input_size=[3, size, size]).eval()
     x = torch.randn(1, 3, size, size)
     try:
-        tp.pruner.MetaPruner(model, x, importance=tp.importance.GroupMagnitudeImportance(p=2), pruning_ratio=ratio,
-                             ignored_layers=[classifier_of(model)]).step()
+        tp.pruner.MetaPruner(
+            model,
+            x,
+            importance=tp.importance.GroupMagnitudeImportance(p=2),
+            pruning_ratio=ratio,
+            ignored_layers=[classifier_of(model)],
+        ).step()
         with torch.inference_mode():
             model(x)
     except Exception as exc:  # noqa: BLE001
@@ -77,7 +127,11 @@ def blame(r: Conformance, size: int, num_classes: int, ratio: float) -> str:
         return f"upstream: torch-pruning alone fails too ({err})" if err else "effvision: torch-pruning alone works"
     if r.failed_step in ("export", "parity"):
         err = export_unpruned_error(name, size, num_classes)
-        return f"upstream: the unpruned model fails to export too ({err})" if err else "effvision or pruning: the unpruned model exports"
+        return (
+            f"upstream: the unpruned model fails to export too ({err})"
+            if err
+            else "effvision or pruning: the unpruned model exports"
+        )
     return "not classified"
 
 
@@ -92,8 +146,13 @@ def _child(name: str, size: int, num_classes: int, ratio: float, timeout_s: floa
 
     trace = open(Path(folder) / "trace.txt", "w")
     faulthandler.dump_traceback_later(timeout_s, exit=True, file=trace)
-    r = run_conformance(f"timm:{name}", [3, size, size], num_classes=num_classes, prune_ratio=ratio,
-                        on_step=lambda step: write_text(Path(folder) / "step.txt", step))
+    r = run_conformance(
+        f"timm:{name}",
+        [3, size, size],
+        num_classes=num_classes,
+        prune_ratio=ratio,
+        on_step=lambda step: write_text(Path(folder) / "step.txt", step),
+    )
     faulthandler.cancel_dump_traceback_later()
     write_json(Path(folder) / "result.json", r.as_dict())
     if not r.ok:  # the rerun without effvision gets its own time limit; the row above stands if it hangs
@@ -138,16 +197,31 @@ def run_isolated(name: str, size: int, num_classes: int, ratio: float, timeout_s
         step = step_file.read_text() if step_file.is_file() else "create"
         where = stuck_in((Path(folder) / "trace.txt").read_text())
         timed_out = time.perf_counter() - start >= timeout_s
-        reason = (f"did not finish in {timeout_s:.0f} s" + (f" (stuck in {where})" if where else "")) if timed_out else \
-            f"the process died (exit code {proc.exitcode})"
-        r = Conformance(f"timm:{name}", [3, size, size], failed_step=step, reason=reason, seconds=round(time.perf_counter() - start, 1))
-        r.passed = list(STEPS[:STEPS.index(step)])
+        reason = (
+            (f"did not finish in {timeout_s:.0f} s" + (f" (stuck in {where})" if where else ""))
+            if timed_out
+            else f"the process died (exit code {proc.exitcode})"
+        )
+        r = Conformance(
+            f"timm:{name}",
+            [3, size, size],
+            failed_step=step,
+            reason=reason,
+            seconds=round(time.perf_counter() - start, 1),
+        )
+        r.passed = list(STEPS[: STEPS.index(step)])
         r.cause = f"upstream: {where.split('/')[0]}" if timed_out and where else "not classified"
         return r
 
 
-def run_compat(names: list[str], size: int = 224, num_classes: int = 10, prune_ratio: float = 0.3, timeout_s: float = 300,
-               progress=None) -> list[Conformance]:
+def run_compat(
+    names: list[str],
+    size: int = 224,
+    num_classes: int = 10,
+    prune_ratio: float = 0.3,
+    timeout_s: float = 300,
+    progress=None,
+) -> list[Conformance]:
     """Every model in its own process with a time limit; a typo in a name fails before any runs."""
     import timm
 
@@ -191,10 +265,16 @@ def to_markdown(rows: list[Conformance], size: int, prune_ratio: float, env: dic
         err = "-" if r.parity_error is None else f"{r.parity_error:.1e}"
         why = "" if r.ok else f"{r.failed_step}: {r.reason} — {r.cause}".replace("|", "\\|")
         name = r.name.removeprefix("timm:")
-        lines.append(f"| {name} | {_mparams(r.params)} | {_mparams(r.pruned_params)} | {macs} | {pmacs} | {err} | "
-                     f"{'pass' if r.ok else 'FAIL'} | {why} | {r.seconds:.0f} |")
-    lines += ["", "MACs are torch-pruning's count of module operations: matrix products written as functions "
-              "(attention scores) are not in it, so hybrid models count low.", ""]
+        lines.append(
+            f"| {name} | {_mparams(r.params)} | {_mparams(r.pruned_params)} | {macs} | {pmacs} | {err} | "
+            f"{'pass' if r.ok else 'FAIL'} | {why} | {r.seconds:.0f} |"
+        )
+    lines += [
+        "",
+        "MACs are torch-pruning's count of module operations: matrix products written as functions "
+        "(attention scores) are not in it, so hybrid models count low.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -204,6 +284,8 @@ def write_compat(rows: list[Conformance], path: str | Path, size: int, prune_rat
 
     path = Path(path)
     env = collect_env()
-    write_json(path.with_suffix(".json"), {"env": env, "command": command, "size": size, "prune_ratio": prune_ratio,
-                                           "rows": [r.as_dict() for r in rows]})
+    write_json(
+        path.with_suffix(".json"),
+        {"env": env, "command": command, "size": size, "prune_ratio": prune_ratio, "rows": [r.as_dict() for r in rows]},
+    )
     return write_text(path, to_markdown(rows, size, prune_ratio, env, command))

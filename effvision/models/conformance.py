@@ -5,6 +5,7 @@ prune -> forward -> ONNX export -> ONNX Runtime parity -> int8 quantize -> int8 
 The zoo's test suite and `effvision zoo compat` (docs/compat.md) both run it, so a table row and a
 test result mean the same thing.
 """
+
 from __future__ import annotations
 
 import copy
@@ -67,9 +68,18 @@ def _check_output(out, batch: int, num_classes: int, step: str) -> None:
         raise StepFailed(step, "output has NaN or Inf")
 
 
-def run_conformance(name: str, input_size: list[int], num_classes: int = 10, prune_ratio: float = 0.3, atol: float = 1e-3,
-                    rtol: float = 1e-3, calibration_samples: int = 8, workdir: str | Path | None = None, on_step=None,
-                    **model_kwargs) -> Conformance:
+def run_conformance(
+    name: str,
+    input_size: list[int],
+    num_classes: int = 10,
+    prune_ratio: float = 0.3,
+    atol: float = 1e-3,
+    rtol: float = 1e-3,
+    calibration_samples: int = 8,
+    workdir: str | Path | None = None,
+    on_step=None,
+    **model_kwargs,
+) -> Conformance:
     """Run every step; stop at the first failure and record which step failed and why (one line).
     Parity: |onnx - torch| <= atol + rtol * max|torch| on the pruned model's logits. `on_step(name)`
     is called as each step starts (a supervisor that kills a stuck run reads it)."""
@@ -146,7 +156,9 @@ def run_conformance(name: str, input_size: list[int], num_classes: int = 10, pru
             ref = ref.numpy()
             result.parity_error = float(np.abs(got[:2] - ref).max())
             if not result.parity_error <= atol + rtol * float(np.abs(ref).max()):
-                raise StepFailed(step, f"max |onnx - torch| = {result.parity_error:.2e} on logits up to {np.abs(ref).max():.2e}")
+                raise StepFailed(
+                    step, f"max |onnx - torch| = {result.parity_error:.2e} on logits up to {np.abs(ref).max():.2e}"
+                )
             result.passed.append(step)
 
             step = "int8"

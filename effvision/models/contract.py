@@ -1,4 +1,5 @@
 """The classifier half of the model contract, for networks whose last layer is `self.fc`."""
+
 from __future__ import annotations
 
 from torch import nn

@@ -1,4 +1,5 @@
 """create_model(): one entry point for zoo cards, registered architectures, timm: and torchvision:."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,7 +22,14 @@ def list_models(modality: str | None = None) -> list[str]:
 def resolve(name: str, num_classes: int | None = None, input_size: list[int] | None = None, **kwargs) -> dict:
     """The full spec of a model name: arch, num_classes, input size, kwargs, card weights."""
     card = get_card(name)
-    spec: dict[str, Any] = {"name": name, "arch": name, "num_classes": num_classes, "input_size": input_size, "kwargs": dict(kwargs), "weights": None}
+    spec: dict[str, Any] = {
+        "name": name,
+        "arch": name,
+        "num_classes": num_classes,
+        "input_size": input_size,
+        "kwargs": dict(kwargs),
+        "weights": None,
+    }
     if card is not None:
         spec.update(arch=card.arch, weights=card.weights, modality=card.modality)
         spec["kwargs"] = {**card.kwargs, **kwargs}
@@ -59,7 +67,13 @@ def build(spec: dict) -> nn.Module:
     return model
 
 
-def create_model(name: str, num_classes: int | None = None, pretrained: str | None = None, input_size: list[int] | None = None, **kwargs) -> nn.Module:
+def create_model(
+    name: str,
+    num_classes: int | None = None,
+    pretrained: str | None = None,
+    input_size: list[int] | None = None,
+    **kwargs,
+) -> nn.Module:
     """Build a model by name. `pretrained` (or the card's `weights`) loads a local file, an
     `hf-hub:` repo from the Hugging Face cache, or `zoo` (the card's own weights); the head keeps
     its fresh initialisation when the class count differs."""

@@ -7,6 +7,7 @@
     downloaded, and a repo not in the cache is a one-line error saying how to fetch it;
   - `zoo`: the card's own trained weights (sha256-checked), else its `hub` repo.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,8 +44,10 @@ def hub_file(repo_id: str) -> Path:
         except Exception as exc:  # noqa: BLE001  (network errors, permissions: one line)
             raise EffvisionError(f"cannot fetch {repo_id}: {str(exc).splitlines()[0]}") from None
     offline = " (HF_HUB_OFFLINE=1: nothing is downloaded)" if constants.HF_HUB_OFFLINE else ""
-    raise EffvisionError(f"'{repo_id}' has none of {', '.join(HUB_FILES)} in the Hugging Face cache {constants.HF_HUB_CACHE}{offline}; "
-                         f"fetch it once online: huggingface-cli download {repo_id}")
+    raise EffvisionError(
+        f"'{repo_id}' has none of {', '.join(HUB_FILES)} in the Hugging Face cache {constants.HF_HUB_CACHE}{offline}; "
+        f"fetch it once online: huggingface-cli download {repo_id}"
+    )
 
 
 def card_weights(card) -> Path:
@@ -70,5 +73,5 @@ def weights_file(source: str, card=None) -> Path:
             raise EffvisionError("pretrained: zoo needs a zoo card name (see `effvision zoo list`)")
         return card_weights(card)
     if source.startswith(HUB_PREFIX):
-        return hub_file(source[len(HUB_PREFIX):])
+        return hub_file(source[len(HUB_PREFIX) :])
     return Path(source)

@@ -14,6 +14,7 @@ exports and ONNX Runtime runs. Farthest-point sampling inside a network cannot e
 PointNet++ defaults to `centroids: prefix`: the first M points are the centroids, which is a
 farthest-point sample when the data pipeline's `fps` sampler ordered the cloud coarse to fine.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,11 +23,13 @@ from torch import nn
 from ..registry import MODELS
 from .contract import LinearHead
 
-FPS_EXPORT_BLOCKER = ("farthest-point sampling inside the network (centroids: fps) has no ONNX operator: it is a loop of "
-                      "one data-dependent argmax per centroid, which tracing unrolls into about 12 nodes per centroid "
-                      "(some 8,000 for 512 + 128 centroids, minutes to export); export the variant with centroids: prefix "
-                      "and the data's fps sampler (it orders points coarse to fine, so the first M points are a "
-                      "farthest-point sample)")
+FPS_EXPORT_BLOCKER = (
+    "farthest-point sampling inside the network (centroids: fps) has no ONNX operator: it is a loop of "
+    "one data-dependent argmax per centroid, which tracing unrolls into about 12 nodes per centroid "
+    "(some 8,000 for 512 + 128 centroids, minutes to export); export the variant with centroids: prefix "
+    "and the data's fps sampler (it orders points coarse to fine, so the first M points are a "
+    "farthest-point sample)"
+)
 
 
 def _w(channels: int, width: float) -> int:
@@ -137,7 +140,7 @@ class SetAbstraction(nn.Module):
         else:
             centres = xyz[:, :, :m]
         dist, near = square_distances(centres, xyz).topk(self.k, dim=2, largest=False)
-        near = torch.where(dist > self.radius ** 2, near[:, :, :1], near)
+        near = torch.where(dist > self.radius**2, near[:, :, :1], near)
         local = (gather_points(xyz, near) - centres.unsqueeze(3)) / self.radius
         grouped = local if feats is None else torch.cat([local, gather_points(feats, near)], 1)
         return centres, self.mlp(grouped).amax(dim=3)
@@ -149,8 +152,17 @@ class PointNet2SSG(PointClassifier):
 
     parity_tolerance = 1e-2
 
-    def __init__(self, num_classes: int = 40, in_chans: int = 3, width: float = 1.0, k: int = 32, centroids: str = "prefix",
-                 num_centroids: tuple[int, int] = (512, 128), radii: tuple[float, float] = (0.2, 0.4), dropout: float = 0.4):
+    def __init__(
+        self,
+        num_classes: int = 40,
+        in_chans: int = 3,
+        width: float = 1.0,
+        k: int = 32,
+        centroids: str = "prefix",
+        num_centroids: tuple[int, int] = (512, 128),
+        radii: tuple[float, float] = (0.2, 0.4),
+        dropout: float = 0.4,
+    ):
         super().__init__()
         if centroids not in ("prefix", "fps"):
             raise ValueError(f"centroids must be prefix or fps, got {centroids!r}")
@@ -198,7 +210,15 @@ class DGCNN(PointClassifier):
 
     parity_tolerance = 1e-2
 
-    def __init__(self, num_classes: int = 40, in_chans: int = 3, width: float = 1.0, k: int = 20, emb: int = 512, dropout: float = 0.5):
+    def __init__(
+        self,
+        num_classes: int = 40,
+        in_chans: int = 3,
+        width: float = 1.0,
+        k: int = 20,
+        emb: int = 512,
+        dropout: float = 0.5,
+    ):
         super().__init__()
         widths = [_w(c, width) for c in (64, 64, 128)]
         self.edges = nn.ModuleList(EdgeConv(cin, cout, k) for cin, cout in zip([in_chans] + widths[:-1], widths))

@@ -1,4 +1,5 @@
 """Model size and cost: parameters, MACs (torch-pruning's counter) and bytes on disk."""
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ Writes <card folder>/weights/<card>.safetensors (plain tensors, nothing pickled)
 `trained:` block: the stage's measured accuracy, the recipe, the command and git commit that
 produced it (from the run's env.json), and the file's sha256.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -46,15 +47,26 @@ def publish(run_dir: str | Path, stage: str, card_name: str | None = None) -> tu
     expected = build(resolve(card.name)).state_dict()
     wrong = [k for k in expected if k not in state or state[k].shape != expected[k].shape]
     if wrong:
-        raise EffvisionError(f"stage '{stage}' does not fit card {card.name} as built (e.g. {wrong[0]}): publish an unpruned stage of the card's model")
+        raise EffvisionError(
+            f"stage '{stage}' does not fit card {card.name} as built (e.g. {wrong[0]}): publish an unpruned stage of the card's model"
+        )
     path = card_files("models")[card.name].parent / "weights" / f"{card.name}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: save_file(state, str(tmp)))
     if path.stat().st_size > MAX_COMMITTED_BYTES:
-        print(f"note: {path} is {path.stat().st_size / 2**20:.1f} MiB, over the 5 MiB committed limit: keep it out of git; the card's command reproduces it")
-    block = {"accuracy": round(float(entry["accuracy"]), 4), "split": "val", "recipe": Path(env.get("recipe") or report["recipe"]).stem,
-             "stage": stage, "command": env.get("command") or f"effvision train {report['recipe']} --run-dir {run_dir}",
-             "weights": str(path.relative_to(path.parent.parent)), "sha256": sha256_of(path), "commit": env.get("git_sha")}
+        print(
+            f"note: {path} is {path.stat().st_size / 2**20:.1f} MiB, over the 5 MiB committed limit: keep it out of git; the card's command reproduces it"
+        )
+    block = {
+        "accuracy": round(float(entry["accuracy"]), 4),
+        "split": "val",
+        "recipe": Path(env.get("recipe") or report["recipe"]).stem,
+        "stage": stage,
+        "command": env.get("command") or f"effvision train {report['recipe']} --run-dir {run_dir}",
+        "weights": str(path.relative_to(path.parent.parent)),
+        "sha256": sha256_of(path),
+        "commit": env.get("git_sha"),
+    }
     return path, block
 
 
@@ -86,5 +98,7 @@ def score_trained(card, overrides: list[str] | None = None) -> float:
         raise EffvisionError(f"card {card.name} has no trained weights")
     recipe = load_recipe(card.trained.recipe, overrides)
     data = load_dataset(recipe.data, seed=recipe.seed)
-    model = create_model(card.name, num_classes=data.num_classes, pretrained="zoo", input_size=data.input_size, **recipe.model.kwargs)
+    model = create_model(
+        card.name, num_classes=data.num_classes, pretrained="zoo", input_size=data.input_size, **recipe.model.kwargs
+    )
     return accuracy(torch_predictor(model), data.val_loader())

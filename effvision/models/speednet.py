@@ -7,6 +7,7 @@ conv, global max-pooling and a linear head with a fixed logit scale.
 Pooling right after each block's first conv runs most of the net at a quarter of the pixels,
 which is what makes it cheap; widths are read from layer shapes at run time (pruning-friendly).
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,15 @@ class SpeedBlock(nn.Module):
 
 
 class SpeedNet(LinearHead, nn.Module):
-    def __init__(self, num_classes: int = 10, widths: tuple[int, int, int] = (32, 64, 128), stem_width: int = 24, in_chans: int = 3,
-                 bn_momentum: float = 0.4, logit_scale: float = 1 / 9):
+    def __init__(
+        self,
+        num_classes: int = 10,
+        widths: tuple[int, int, int] = (32, 64, 128),
+        stem_width: int = 24,
+        in_chans: int = 3,
+        bn_momentum: float = 0.4,
+        logit_scale: float = 1 / 9,
+    ):
         super().__init__()
         # The stem has no padding: a 2x2 patch filter (whitened from data) on the raw image.
         self.stem = nn.Sequential(nn.Conv2d(in_chans, stem_width, 2, 1, 0, bias=True), nn.GELU())

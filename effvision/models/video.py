@@ -8,6 +8,7 @@
   written with rolls and masks, which export to ONNX and prune like element-wise ops.
 - 3D CNNs from torchvision (r3d_18, mc3_18, r2plus1d_18) are reached as `torchvision:r3d_18`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,7 +41,9 @@ class TemporalShift(nn.Module):
         has_next = (t < self.num_frames - 1).to(x.dtype).view(nt, 1, 1, 1)
         has_prev = (t > 0).to(x.dtype).view(nt, 1, 1, 1)
         back, ahead = self.back.to(x.dtype), self.ahead.to(x.dtype)
-        return x * (1 - back - ahead) + torch.roll(x, -1, 0) * (back * has_next) + torch.roll(x, 1, 0) * (ahead * has_prev)
+        return (
+            x * (1 - back - ahead) + torch.roll(x, -1, 0) * (back * has_next) + torch.roll(x, 1, 0) * (ahead * has_prev)
+        )
 
     def channel_parameters(self) -> list[tuple[nn.Parameter, int]]:
         """Per-channel parameters and their channel dim, for structured pruning."""
@@ -71,7 +74,9 @@ def insert_temporal_shift(backbone: nn.Module, num_frames: int, fold_div: int = 
         setattr(block, name, nn.Sequential(TemporalShift(num_frames, conv.in_channels, fold_div), conv))
         count += 1
     if not count:
-        raise EffvisionError(f"TSM: no residual blocks to shift in {type(backbone).__name__} (use a ResNet or MobileNet-style backbone, or tsn)")
+        raise EffvisionError(
+            f"TSM: no residual blocks to shift in {type(backbone).__name__} (use a ResNet or MobileNet-style backbone, or tsn)"
+        )
     return count
 
 
@@ -119,13 +124,26 @@ def _backbone(name: str, num_classes: int, frame_size: int, **kwargs) -> nn.Modu
 
 
 @MODELS.register("tsn")
-def tsn(num_classes: int = 10, backbone: str = "timm:mobilenetv3_small_100", num_frames: int = 8, frame_size: int = 112, **kwargs) -> FrameConsensus:
+def tsn(
+    num_classes: int = 10,
+    backbone: str = "timm:mobilenetv3_small_100",
+    num_frames: int = 8,
+    frame_size: int = 112,
+    **kwargs,
+) -> FrameConsensus:
     """TSN: per-frame 2D backbone + temporal average; other kwargs go to the backbone."""
     return FrameConsensus(_backbone(backbone, num_classes, frame_size, **kwargs), num_frames)
 
 
 @MODELS.register("tsm")
-def tsm(num_classes: int = 10, backbone: str = "timm:resnet18", num_frames: int = 8, frame_size: int = 112, fold_div: int = 8, **kwargs) -> FrameConsensus:
+def tsm(
+    num_classes: int = 10,
+    backbone: str = "timm:resnet18",
+    num_frames: int = 8,
+    frame_size: int = 112,
+    fold_div: int = 8,
+    **kwargs,
+) -> FrameConsensus:
     """TSM: TSN with residual temporal shifts; other kwargs go to the backbone."""
     model = FrameConsensus(_backbone(backbone, num_classes, frame_size, **kwargs), num_frames)
     insert_temporal_shift(model.backbone, num_frames, fold_div)

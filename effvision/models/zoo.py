@@ -1,4 +1,5 @@
 """The zoo: one declarative YAML card per model entry under models/ (no code in cards)."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -29,15 +30,24 @@ class ModelCard(Strict):
     arch: str = Field(..., description="registered architecture, timm:<name> or torchvision:<name>")
     modality: Literal["image", "video", "points"] = "image"
     num_classes: int = Field(..., gt=0)
-    input_size: list[int] = Field(..., min_length=2, max_length=4, description="C, H, W (image); C, T, H, W (video); C, N (points)")
+    input_size: list[int] = Field(
+        ..., min_length=2, max_length=4, description="C, H, W (image); C, T, H, W (video); C, N (points)"
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: Optional[str] = None
     weights: Optional[str] = Field(None, description="local .pth/.safetensors file loaded whenever the card is built")
-    hub: Optional[str] = Field(None, description="Hugging Face Hub repo of pretrained weights (pretrained: zoo), read from the local cache when offline")
-    recipe: Optional[str] = Field(None, description="the default recipe (a name under compress/) to fine-tune and compress this model")
+    hub: Optional[str] = Field(
+        None,
+        description="Hugging Face Hub repo of pretrained weights (pretrained: zoo), read from the local cache when offline",
+    )
+    recipe: Optional[str] = Field(
+        None, description="the default recipe (a name under compress/) to fine-tune and compress this model"
+    )
     trained: Optional[TrainedWeights] = None
     params: Optional[int] = Field(None, ge=0, description="parameters as built (a test recounts them)")
-    macs: Optional[int] = Field(None, ge=0, description="multiply-accumulates of one forward pass at input_size (a test recounts them)")
+    macs: Optional[int] = Field(
+        None, ge=0, description="multiply-accumulates of one forward pass at input_size (a test recounts them)"
+    )
     paper: Optional[str] = None
     description: str = ""
     _folder: Path = PrivateAttr(default=Path("models"))

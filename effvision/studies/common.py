@@ -1,5 +1,6 @@
 """What every study shares: rows kept in a results file as they are measured (a rerun resumes
 where a killed one stopped), mean and spread over seeds, and a plot of curves with error bars."""
+
 from __future__ import annotations
 
 import io
@@ -46,8 +47,16 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
     return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
 
 
-def plot_curves(path: Path, curves: dict[str, list[tuple[float, float, float]]], xlabel: str, ylabel: str, title: str,
-                reference: tuple[str, float] | None = None, logx: bool = False, joined: bool = True) -> Path | None:
+def plot_curves(
+    path: Path,
+    curves: dict[str, list[tuple[float, float, float]]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    reference: tuple[str, float] | None = None,
+    logx: bool = False,
+    joined: bool = True,
+) -> Path | None:
     """(x, mean, std) points with error bars per label: one line per label, or (joined=False)
     separate labelled points, each its own setting. None without matplotlib."""
     try:
@@ -61,8 +70,16 @@ def plot_curves(path: Path, curves: dict[str, list[tuple[float, float, float]]],
     for label, pts in curves.items():
         pts = sorted(pts)
         xs, means, stds = zip(*pts)
-        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=label if joined else None,
-                    linestyle=("--" if label == "random" else "-") if joined else "none", color=None if joined else "#4c78a8")
+        ax.errorbar(
+            xs,
+            means,
+            yerr=stds,
+            marker="o",
+            capsize=3,
+            label=label if joined else None,
+            linestyle=("--" if label == "random" else "-") if joined else "none",
+            color=None if joined else "#4c78a8",
+        )
         if not joined:
             ax.annotate(label, (xs[0], means[0]), fontsize=7, xytext=(4, 4), textcoords="offset points")
     if reference:
@@ -81,4 +98,6 @@ def plot_curves(path: Path, curves: dict[str, list[tuple[float, float, float]]],
 
 
 def markdown_table(head: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows])
+    return "\n".join(
+        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    )

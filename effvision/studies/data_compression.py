@@ -1,6 +1,7 @@
 """Dataset compression study: for each level (JPEG quality, resolution, frame stride, points per
 cloud ...), a compressed copy of the training split, its bytes and decode throughput, and the
 accuracy of the recipe's model trained on it and evaluated on the original validation split."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.builtin import split_path, data_root
+from ..data.builtin import data_root, split_path
 from ..data.cards import get_card
 from ..data.compression import Levels, compress_dataset
 from ..errors import EffvisionError
@@ -17,9 +18,17 @@ from ..progress import log, track
 from ..recipe import Recipe
 from .common import Rows, markdown_table, mean_std, plot_curves
 
-_KEYS = {"quality": ("quality", int), "size": ("max_size", int), "format": ("image_format", str), "stride": ("stride", int),
-         "keyframes": ("keyframes", lambda v: v.lower() in ("1", "true", "yes")), "short_side": ("short_side", int), "crf": ("crf", int),
-         "voxel": ("voxel_size", float), "points": ("num_points", int)}
+_KEYS = {
+    "quality": ("quality", int),
+    "size": ("max_size", int),
+    "format": ("image_format", str),
+    "stride": ("stride", int),
+    "keyframes": ("keyframes", lambda v: v.lower() in ("1", "true", "yes")),
+    "short_side": ("short_side", int),
+    "crf": ("crf", int),
+    "voxel": ("voxel_size", float),
+    "points": ("num_points", int),
+}
 
 
 def parse_level(spec: str) -> Levels:
@@ -48,9 +57,9 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def data_compression_study(recipe: Recipe, levels: list[str], seeds: int, out_dir: Path, device: torch.device) -> dict:
+    from ..data import load_dataset
     from ..models import create_model
     from ..train.loop import fit
-    from ..data import load_dataset
 
     train_cfg = next((s for s in recipe.stages if s.type == "train"), None)
     if train_cfg is None:
@@ -60,26 +69,43 @@ def data_compression_study(recipe: Recipe, levels: list[str], seeds: int, out_di
     root = data_root(card, recipe.data)
     train_src, val_src = split_path(root, card.train, ("train",)), split_path(root, card.val, ("val", "test"))
     out_dir = Path(out_dir)
-    settings = {"recipe": recipe.model_dump(mode="json", exclude={"stages"}), "train": train_cfg.model_dump(mode="json")}  # rows are keyed by level
+    settings = {
+        "recipe": recipe.model_dump(mode="json", exclude={"stages"}),
+        "train": train_cfg.model_dump(mode="json"),
+    }  # rows are keyed by level
     rows = Rows(out_dir, settings)
     for spec, lv in parsed.items():
         level_root = out_dir / "data" / spec.replace("=", "").replace("+", "_")
         if spec == "original":
             level_root = root
         else:
+
             def compress(lv=lv, level_root=level_root):
                 if level_root.exists():
                     shutil.rmtree(level_root)  # a half-written copy from a killed run
                 level_root.mkdir(parents=True)
                 _link(val_src, level_root / val_src.name)
                 stats = compress_dataset(train_src, level_root / train_src.name, lv, progress=track)
-                return {k: stats[k] for k in ("files", "compressed", "bytes_before", "bytes_after", "ratio", "decode_per_s_before",
-                                              "decode_per_s_after", "decode_unit") if k in stats} | {"failed": len(stats["failed"])}
+                return {
+                    k: stats[k]
+                    for k in (
+                        "files",
+                        "compressed",
+                        "bytes_before",
+                        "bytes_after",
+                        "ratio",
+                        "decode_per_s_before",
+                        "decode_per_s_after",
+                        "decode_unit",
+                    )
+                    if k in stats
+                } | {"failed": len(stats["failed"])}
 
             rows.measure({"kind": "compress", "level": spec}, compress)
         cfg = recipe.data.model_copy(update={"root": str(level_root)})
         data = load_dataset(cfg, seed=recipe.seed)
         for seed in range(recipe.seed, recipe.seed + seeds):
+
             def train(seed=seed, data=data):
                 torch.manual_seed(seed)
                 m = recipe.model
@@ -100,8 +126,16 @@ def plot_summary(summary: dict, path: Path, dataset: str) -> Path | None:
     levels = summary["levels"]
     pts = {spec: [(s["bytes_after"] / 2**20, *s["accuracy"])] for spec, s in levels.items() if s.get("bytes_after")}
     ref = ("original", levels["original"]["accuracy"][0]) if "original" in levels else None
-    return plot_curves(path, pts, "training split (MiB)", "top-1 accuracy (mean ± std over seeds)",
-                       f"{dataset}: accuracy against bytes of the training split", reference=ref, logx=True, joined=False)
+    return plot_curves(
+        path,
+        pts,
+        "training split (MiB)",
+        "top-1 accuracy (mean ± std over seeds)",
+        f"{dataset}: accuracy against bytes of the training split",
+        reference=ref,
+        logx=True,
+        joined=False,
+    )
 
 
 def summarize(rows: list[dict], levels: list[str]) -> dict:
@@ -109,11 +143,17 @@ def summarize(rows: list[dict], levels: list[str]) -> dict:
     for spec in levels:
         comp = next((r for r in rows if r["kind"] == "compress" and r["level"] == spec), None)
         accs = [r["accuracy"] for r in rows if r["kind"] == "train" and r["level"] == spec]
-        out[spec] = {"accuracy": mean_std(accs), "seeds": len(accs), **({k: v for k, v in comp.items() if k not in ("kind", "level")} if comp else {})}
+        out[spec] = {
+            "accuracy": mean_std(accs),
+            "seeds": len(accs),
+            **({k: v for k, v in comp.items() if k not in ("kind", "level")} if comp else {}),
+        }
     if "original" in out:  # the original's size and decode speed are the compressed runs' "before"
         first = next((v for v in out.values() if "bytes_before" in v), None)
         if first:
-            out["original"].update(bytes_after=first["bytes_before"], ratio=1.0, decode_per_s_after=first.get("decode_per_s_before"))
+            out["original"].update(
+                bytes_after=first["bytes_before"], ratio=1.0, decode_per_s_after=first.get("decode_per_s_before")
+            )
     return {"levels": out}
 
 
@@ -123,8 +163,19 @@ def to_markdown(summary: dict) -> str:
     head = ["level", "training split", "of original", "decode/s (x original, same run)", "top-1 (mean ± std)"]
     rows = []
     for spec, s in summary["levels"].items():
-        rows.append([spec, fmt_bytes(s.get("bytes_after")), f"{s['ratio']:.1%}" if s.get("ratio") is not None else "-",
-                     (f"{s['decode_per_s_after']:.0f} (x{s['decode_per_s_after'] / s['decode_per_s_before']:.2f})" if s.get("decode_per_s_before")
-                      else f"{s['decode_per_s_after']:.0f}" if s.get("decode_per_s_after") else "-"),
-                     f"{s['accuracy'][0]:.4f} ± {s['accuracy'][1]:.4f} ({s['seeds']} seeds)"])
+        rows.append(
+            [
+                spec,
+                fmt_bytes(s.get("bytes_after")),
+                f"{s['ratio']:.1%}" if s.get("ratio") is not None else "-",
+                (
+                    f"{s['decode_per_s_after']:.0f} (x{s['decode_per_s_after'] / s['decode_per_s_before']:.2f})"
+                    if s.get("decode_per_s_before")
+                    else f"{s['decode_per_s_after']:.0f}"
+                    if s.get("decode_per_s_after")
+                    else "-"
+                ),
+                f"{s['accuracy'][0]:.4f} ± {s['accuracy'][1]:.4f} ({s['seeds']} seeds)",
+            ]
+        )
     return markdown_table(head, rows)

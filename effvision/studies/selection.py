@@ -5,6 +5,7 @@ cost that scoring overhead is a fraction of), trains one proxy that scores every
 selectors at once, then trains the model afresh on each selector's subset at each budget with the
 recipe's train stage. Random selection is always included. Training time excludes evaluation.
 """
+
 from __future__ import annotations
 
 import time
@@ -29,19 +30,25 @@ def _stage(recipe: Recipe, kind: str):
     return next((s for s in recipe.stages if s.type == kind), None)
 
 
-def selection_study(recipe: Recipe, methods: list[str], budgets: list, seeds: int, out_dir: Path, device: torch.device) -> dict:
+def selection_study(
+    recipe: Recipe, methods: list[str], budgets: list, seeds: int, out_dir: Path, device: torch.device
+) -> dict:
     from ..models import create_model
     from ..registry import SELECTORS
 
     train_cfg = _stage(recipe, "train")
     if train_cfg is None:
-        raise EffvisionError(f"{recipe._source}: a selection study trains with the recipe's train stage; the recipe has none")
+        raise EffvisionError(
+            f"{recipe._source}: a selection study trains with the recipe's train stage; the recipe has none"
+        )
     for m in methods:  # unknown selectors and options stop here, before any training
         name, options = parse_method(m)
         unknown = set(options) - set(SELECTORS.get(name).options())
         if unknown:
-            raise EffvisionError(f"method '{m}': selector '{name}' has no option {', '.join(sorted(unknown))} "
-                                 f"(options: {', '.join(SELECTORS.get(name).options()) or 'none'})")
+            raise EffvisionError(
+                f"method '{m}': selector '{name}' has no option {', '.join(sorted(unknown))} "
+                f"(options: {', '.join(SELECTORS.get(name).options()) or 'none'})"
+            )
     if "random" not in methods:
         methods = ["random", *methods]
     select_cfg = _stage(recipe, "select")
@@ -53,50 +60,81 @@ def selection_study(recipe: Recipe, methods: list[str], budgets: list, seeds: in
     def fresh_model(seed: int) -> torch.nn.Module:
         torch.manual_seed(seed)
         m = recipe.model
-        return create_model(m.name, num_classes=data.num_classes, pretrained=m.pretrained, input_size=data.input_size, **m.kwargs)
+        return create_model(
+            m.name, num_classes=data.num_classes, pretrained=m.pretrained, input_size=data.input_size, **m.kwargs
+        )
 
     def train_on(bundle, seed: int) -> dict:
         res = fit(fresh_model(seed), bundle, train_cfg, device, seed=seed, label=f"train {len(bundle.train)}")
         return {"n": len(bundle.train), "accuracy": res.accuracy, "train_s": round(res.train_s, 3)}
 
-    settings = {"recipe": recipe.model_dump(mode="json", exclude={"stages"}), "train": train_cfg.model_dump(mode="json"),
-                "proxy": proxy.model_dump(mode="json"), "train_size": len(data.train)}
+    settings = {
+        "recipe": recipe.model_dump(mode="json", exclude={"stages"}),
+        "train": train_cfg.model_dump(mode="json"),
+        "proxy": proxy.model_dump(mode="json"),
+        "train_size": len(data.train),
+    }
     rows = Rows(out_dir, settings)
     for seed in range(recipe.seed, recipe.seed + seeds):
         log(f"[bold]seed {seed}[/]: full training split ({len(data.train)} samples)")
         rows.measure({"kind": "full", "seed": seed}, lambda: train_on(data, seed))
         signals = None
         cached = Path(out_dir) / f"signals-seed{seed}.npz"
-        needs_scoring = any(rows.get(kind="subset", method=m, budget=b, seed=seed) is None for m in methods for b in budgets)
+        needs_scoring = any(
+            rows.get(kind="subset", method=m, budget=b, seed=seed) is None for m in methods for b in budgets
+        )
         if needs_scoring and rows.get(kind="scoring", seed=seed) and cached.is_file():
             signals = load_signals(cached)  # the proxy of an earlier (or stopped) run of this study
         elif needs_scoring or rows.get(kind="scoring", seed=seed) is None:
             start = time.perf_counter()
-            scored = score(data, [parse_method(m)[0] for m in methods], proxy, lambda: fresh_model(seed + 10_000), device, seed,
-                           label=f"proxy (seed {seed})")
+            scored = score(
+                data,
+                [parse_method(m)[0] for m in methods],
+                proxy,
+                lambda: fresh_model(seed + 10_000),
+                device,
+                seed,
+                label=f"proxy (seed {seed})",
+            )
             signals = scored.signals
             save_signals(cached, signals)
             rows.rows = [r for r in rows.rows if not (r["kind"] == "scoring" and r["seed"] == seed)]
-            rows.measure({"kind": "scoring", "seed": seed}, lambda: {
-                "proxy_train_s": round(scored.proxy_train_s, 3), "scoring_s": round(scored.scoring_s, 3),
-                "wall_s": round(time.perf_counter() - start, 3), "proxy_accuracy": scored.proxy_accuracy})
+            rows.measure(
+                {"kind": "scoring", "seed": seed},
+                lambda: {
+                    "proxy_train_s": round(scored.proxy_train_s, 3),
+                    "scoring_s": round(scored.scoring_s, 3),
+                    "wall_s": round(time.perf_counter() - start, 3),
+                    "proxy_accuracy": scored.proxy_accuracy,
+                },
+            )
         for method in methods:
             for budget in budgets:
+
                 def run(method=method, budget=budget):
                     start = time.perf_counter()
                     name, options = parse_method(method)
                     sel = select(name, signals, budget, seed=seed, **options)
                     select_s = time.perf_counter() - start
                     log(f"seed {seed}: {method} at budget {budget}: {len(sel.indices)} samples")
-                    return {**train_on(data.with_train_subset(sel.indices, sel.weights), seed), "select_s": round(select_s, 3)}
+                    return {
+                        **train_on(data.with_train_subset(sel.indices, sel.weights), seed),
+                        "select_s": round(select_s, 3),
+                    }
 
                 rows.measure({"kind": "subset", "method": method, "budget": budget, "seed": seed}, run)
     summary = summarize(rows.rows, methods, budgets)
     rows.save(summary=summary)
     curves = {m: [(float(b), *summary["accuracy"][m][str(b)]) for b in budgets] for m in methods}
     full = summary["full"]
-    plot_curves(Path(out_dir) / "selection.png", curves, "budget (fraction of the training split)", "top-1 accuracy",
-                f"{recipe.data.name}: coreset selection, mean ± std over {seeds} seeds", reference=(f"all data ({full[0]:.3f})", full[0]))
+    plot_curves(
+        Path(out_dir) / "selection.png",
+        curves,
+        "budget (fraction of the training split)",
+        "top-1 accuracy",
+        f"{recipe.data.name}: coreset selection, mean ± std over {seeds} seeds",
+        reference=(f"all data ({full[0]:.3f})", full[0]),
+    )
     (Path(out_dir) / "selection.md").write_text(to_markdown(summary, methods, budgets, seeds) + "\n")
     return summary
 
@@ -121,7 +159,9 @@ _SIGNAL_FIELDS = ("embeddings", "probs", "el2n", "forgetting")
 
 def save_signals(path: Path, signals: Signals) -> None:
     arrays = {k: getattr(signals, k) for k in _SIGNAL_FIELDS if getattr(signals, k) is not None}
-    atomic_write(path, lambda p: np.savez(open(p, "wb"), targets=signals.targets, num_classes=signals.num_classes, **arrays))
+    atomic_write(
+        path, lambda p: np.savez(open(p, "wb"), targets=signals.targets, num_classes=signals.num_classes, **arrays)
+    )
 
 
 def load_signals(path: Path) -> Signals:
@@ -132,12 +172,29 @@ def load_signals(path: Path) -> Signals:
 def summarize(rows: list[dict], methods: list[str], budgets: list) -> dict:
     full = [r for r in rows if r["kind"] == "full"]
     scoring = [r for r in rows if r["kind"] == "scoring"]
-    acc = {m: {str(b): mean_std(r["accuracy"] for r in rows if r["kind"] == "subset" and r["method"] == m and r["budget"] == b)
-               for b in budgets} for m in methods}
-    train_s = {m: {str(b): mean_std(r["train_s"] for r in rows if r["kind"] == "subset" and r["method"] == m and r["budget"] == b)
-                   for b in budgets} for m in methods}
+    acc = {
+        m: {
+            str(b): mean_std(
+                r["accuracy"] for r in rows if r["kind"] == "subset" and r["method"] == m and r["budget"] == b
+            )
+            for b in budgets
+        }
+        for m in methods
+    }
+    train_s = {
+        m: {
+            str(b): mean_std(
+                r["train_s"] for r in rows if r["kind"] == "subset" and r["method"] == m and r["budget"] == b
+            )
+            for b in budgets
+        }
+        for m in methods
+    }
     full_s = mean_std(r["train_s"] for r in full)
-    overhead = [(s["proxy_train_s"] + s["scoring_s"]) / next(f["train_s"] for f in full if f["seed"] == s["seed"]) for s in scoring]
+    overhead = [
+        (s["proxy_train_s"] + s["scoring_s"]) / next(f["train_s"] for f in full if f["seed"] == s["seed"])
+        for s in scoring
+    ]
     verdicts = {}
     for m in methods:
         if m == "random":
@@ -145,23 +202,45 @@ def summarize(rows: list[dict], methods: list[str], budgets: list) -> dict:
         for b in budgets:
             (mu, sd), (rmu, rsd) = acc[m][str(b)], acc["random"][str(b)]
             diff = mu - rmu
-            verdicts[f"{m}@{b}"] = ("beats random" if diff > max(sd, rsd) else "worse than random" if -diff > max(sd, rsd)
-                                    else "within noise of random") + f" ({diff:+.4f})"
-    return {"full": mean_std(r["accuracy"] for r in full), "full_train_s": full_s, "accuracy": acc, "train_s": train_s,
-            "scoring_overhead": mean_std(overhead) if overhead else None,
-            "proxy_train_s": mean_std(s["proxy_train_s"] for s in scoring) if scoring else None,
-            "scoring_s": mean_std(s["scoring_s"] for s in scoring) if scoring else None, "verdicts": verdicts}
+            verdicts[f"{m}@{b}"] = (
+                "beats random"
+                if diff > max(sd, rsd)
+                else "worse than random"
+                if -diff > max(sd, rsd)
+                else "within noise of random"
+            ) + f" ({diff:+.4f})"
+    return {
+        "full": mean_std(r["accuracy"] for r in full),
+        "full_train_s": full_s,
+        "accuracy": acc,
+        "train_s": train_s,
+        "scoring_overhead": mean_std(overhead) if overhead else None,
+        "proxy_train_s": mean_std(s["proxy_train_s"] for s in scoring) if scoring else None,
+        "scoring_s": mean_std(s["scoring_s"] for s in scoring) if scoring else None,
+        "verdicts": verdicts,
+    }
 
 
 def to_markdown(summary: dict, methods: list[str], budgets: list, seeds: int) -> str:
     head = ["selector", *[f"budget {b}" for b in budgets]]
-    rows = [[m, *[f"{summary['accuracy'][m][str(b)][0]:.4f} ± {summary['accuracy'][m][str(b)][1]:.4f}" for b in budgets]] for m in methods]
+    rows = [
+        [m, *[f"{summary['accuracy'][m][str(b)][0]:.4f} ± {summary['accuracy'][m][str(b)][1]:.4f}" for b in budgets]]
+        for m in methods
+    ]
     full, fs = summary["full"], summary["full_train_s"]
-    lines = [markdown_table(head, rows), "",
-             f"All data: {full[0]:.4f} ± {full[1]:.4f} ({fs[0]:.0f} s of training). Mean ± std over {seeds} seeds."]
+    lines = [
+        markdown_table(head, rows),
+        "",
+        f"All data: {full[0]:.4f} ± {full[1]:.4f} ({fs[0]:.0f} s of training). Mean ± std over {seeds} seeds.",
+    ]
     if summary["scoring_overhead"]:
         o, p, s = summary["scoring_overhead"], summary["proxy_train_s"], summary["scoring_s"]
-        lines.append(f"Scoring overhead (proxy training {p[0]:.0f} s + scoring {s[0]:.0f} s): {o[0]:.2f} ± {o[1]:.2f} of full-data training time.")
-    lines.append("Against random (difference of means; 'beats' only when larger than either std): "
-                 + "; ".join(f"{k}: {v}" for k, v in summary["verdicts"].items()) + ".")
+        lines.append(
+            f"Scoring overhead (proxy training {p[0]:.0f} s + scoring {s[0]:.0f} s): {o[0]:.2f} ± {o[1]:.2f} of full-data training time."
+        )
+    lines.append(
+        "Against random (difference of means; 'beats' only when larger than either std): "
+        + "; ".join(f"{k}: {v}" for k, v in summary["verdicts"].items())
+        + "."
+    )
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 baseline), same net and data, run side by side in one process: for every seed the recipe first,
 then the preset, stopped at `cap` times the recipe's time if it has not reached the target by then
 (DAWNBench's figure of merit; a capped run is reported as "not reached")."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,9 @@ from ..train.time_to_accuracy import check_target, summarise, train_row, with_ta
 from .common import Rows, markdown_table
 
 
-def speed_study(recipe_path: str, sets: list[str], preset: str, target: float, seeds: int, cap: float, out_dir: Path) -> dict:
+def speed_study(
+    recipe_path: str, sets: list[str], preset: str, target: float, seeds: int, cap: float, out_dir: Path
+) -> dict:
     check_target(target)
     if cap <= 1:
         raise EffvisionError(f"--cap {cap}: the baseline's time limit is a multiple (> 1) of the recipe's time")
@@ -23,14 +26,27 @@ def speed_study(recipe_path: str, sets: list[str], preset: str, target: float, s
     rows = Rows(out_dir, {"recipe": fast._source, "sets": sets, "preset": preset, "target": target, "cap": cap})
     for k in range(seeds):
         seed = fast.seed + k
-        mine = rows.measure({"variant": "recipe", "seed": seed},
-                            lambda: train_row(with_target(fast, seed, target), out_dir / f"recipe-seed-{seed}"))
+        mine = rows.measure(
+            {"variant": "recipe", "seed": seed},
+            lambda: train_row(with_target(fast, seed, target), out_dir / f"recipe-seed-{seed}"),
+        )
         limit = cap * (mine["time_to_accuracy_s"] or mine["train_s"])
-        rows.measure({"variant": preset, "seed": seed},
-                     lambda: {**train_row(with_target(base, seed, target, time_limit=limit), out_dir / f"{preset}-seed-{seed}"), "time_limit_s": limit})
-    summary = {"recipe": fast._source, "preset": preset, "target": target, "cap": cap,
-               "recipe_summary": summarise([r for r in rows.rows if r["variant"] == "recipe"]),
-               "preset_summary": summarise([r for r in rows.rows if r["variant"] == preset]), "rows": rows.rows}
+        rows.measure(
+            {"variant": preset, "seed": seed},
+            lambda: {
+                **train_row(with_target(base, seed, target, time_limit=limit), out_dir / f"{preset}-seed-{seed}"),
+                "time_limit_s": limit,
+            },
+        )
+    summary = {
+        "recipe": fast._source,
+        "preset": preset,
+        "target": target,
+        "cap": cap,
+        "recipe_summary": summarise([r for r in rows.rows if r["variant"] == "recipe"]),
+        "preset_summary": summarise([r for r in rows.rows if r["variant"] == preset]),
+        "rows": rows.rows,
+    }
     rows.save(summary={k: v for k, v in summary.items() if k != "rows"})
     write_text(out_dir / "speed.md", to_markdown(summary) + "\n")
     return summary
@@ -43,7 +59,10 @@ def speedup(summary: dict) -> tuple[Optional[float], str]:
     if not a["reached"]:
         return None, "the recipe did not reach the target"
     if b["reached"] < b["seeds"]:
-        return summary["cap"], f"≥ {summary['cap']:g}x ({b['seeds'] - b['reached']} of {b['seeds']} {summary['preset']} runs not reached by {summary['cap']:g}x the recipe's time)"
+        return (
+            summary["cap"],
+            f"≥ {summary['cap']:g}x ({b['seeds'] - b['reached']} of {b['seeds']} {summary['preset']} runs not reached by {summary['cap']:g}x the recipe's time)",
+        )
     ratio = b["mean_s"] / a["mean_s"]
     return ratio, f"{ratio:.2f}x"
 
@@ -52,16 +71,43 @@ def to_markdown(summary: dict) -> str:
     def secs(r: dict) -> str:
         if r["time_to_accuracy_s"] is not None:
             return f"{r['time_to_accuracy_s']:.1f}"
-        return f"not reached by {r.get('time_limit_s', r['train_s']):.0f}" if r["stopped"] == "time limit" else "not reached"
+        return (
+            f"not reached by {r.get('time_limit_s', r['train_s']):.0f}"
+            if r["stopped"] == "time limit"
+            else "not reached"
+        )
 
-    head = ["variant", "seed", f"s to {summary['target']:g}", "epochs", "top-1 at stop", "top-1 mirror-avg", "train s", "eval s", "compile s"]
-    rows = [[r["variant"], str(r["seed"]), secs(r), "-" if r["epochs_to_accuracy"] is None else f"{r['epochs_to_accuracy']:g}",
-             f"{r['accuracy']:.4f}", "-" if r.get("accuracy_tta") is None else f"{r['accuracy_tta']:.4f}",
-             f"{r['train_s']:.1f}", f"{r['eval_s']:.1f}", f"{r['compile_s']:.1f}"] for r in summary["rows"]]
+    head = [
+        "variant",
+        "seed",
+        f"s to {summary['target']:g}",
+        "epochs",
+        "top-1 at stop",
+        "top-1 mirror-avg",
+        "train s",
+        "eval s",
+        "compile s",
+    ]
+    rows = [
+        [
+            r["variant"],
+            str(r["seed"]),
+            secs(r),
+            "-" if r["epochs_to_accuracy"] is None else f"{r['epochs_to_accuracy']:g}",
+            f"{r['accuracy']:.4f}",
+            "-" if r.get("accuracy_tta") is None else f"{r['accuracy_tta']:.4f}",
+            f"{r['train_s']:.1f}",
+            f"{r['eval_s']:.1f}",
+            f"{r['compile_s']:.1f}",
+        ]
+        for r in summary["rows"]
+    ]
     lines = [markdown_table(head, rows), ""]
     for name, s in (("recipe", summary["recipe_summary"]), (summary["preset"], summary["preset_summary"])):
         if s["reached"]:
-            lines.append(f"- {name}: reached {s['reached']}/{s['seeds']}, {s['mean_s']:.1f} ± {s['std_s']:.1f} s to {summary['target']:g}")
+            lines.append(
+                f"- {name}: reached {s['reached']}/{s['seeds']}, {s['mean_s']:.1f} ± {s['std_s']:.1f} s to {summary['target']:g}"
+            )
         else:
             lines.append(f"- {name}: reached 0/{s['seeds']}")
     lines.append(f"- speed-up of the recipe over {summary['preset']}: {speedup(summary)[1]}")

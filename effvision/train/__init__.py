@@ -1,4 +1,5 @@
 """One training loop for every modality and task (classify, distill)."""
+
 from .config import TrainSettings
 from .loop import FitResult, fit
 

@@ -1,4 +1,5 @@
 """Training settings shared by every stage that trains (train, distill)."""
+
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -7,39 +8,62 @@ from pydantic import Field, field_validator
 
 from ..recipe import Strict
 
-
 Optimizer = Literal["sgd", "nesterov", "momentum", "adamw", "lamb", "lars"]
 
 
 class TrainSettings(Strict):
     epochs: int = Field(10, ge=0)
-    batch_size: Optional[int] = Field(None, gt=0, description="default: data.batch_size; the global batch, split over --nproc processes")
-    optimizer: Optimizer = Field("sgd", description="sgd and nesterov: Nesterov SGD; momentum: plain SGD momentum; lars, lamb: layer-wise trust ratio")
+    batch_size: Optional[int] = Field(
+        None, gt=0, description="default: data.batch_size; the global batch, split over --nproc processes"
+    )
+    optimizer: Optimizer = Field(
+        "sgd",
+        description="sgd and nesterov: Nesterov SGD; momentum: plain SGD momentum; lars, lamb: layer-wise trust ratio",
+    )
     lookahead: bool = Field(False, description="wrap the optimizer in Lookahead (Zhang et al. 2019)")
     lr: float = Field(0.05, gt=0)
     weight_decay: float = Field(5e-4, ge=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     schedule: Literal["onecycle", "cosine", "constant", "step"] = Field(
-        "onecycle", description="onecycle: linear up over warmup_epochs then linear down (triangular); step: x0.1 at 1/2 and 3/4 of the epochs")
+        "onecycle",
+        description="onecycle: linear up over warmup_epochs then linear down (triangular); step: x0.1 at 1/2 and 3/4 of the epochs",
+    )
     warmup_epochs: float = Field(1.0, ge=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     ema: bool = False
     ema_decay: float = Field(0.998, gt=0, lt=1)
     channels_last: bool = False
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
-    compile: bool = Field(False, description="torch.compile the training forward; compilation is timed apart from training")
+    compile: bool = Field(
+        False, description="torch.compile the training forward; compilation is timed apart from training"
+    )
     grad_clip: Optional[float] = Field(None, gt=0)
-    hard_fraction: Optional[float] = Field(None, gt=0, le=1, description="selective backprop: train on this highest-loss fraction of each batch")
+    hard_fraction: Optional[float] = Field(
+        None, gt=0, le=1, description="selective backprop: train on this highest-loss fraction of each batch"
+    )
     # Image tricks (airbench's craft); they are errors for other modalities.
-    tensor_data: bool = Field(False, description="hold the training split as one uint8 tensor on the device; flip + translate on whole batches")
-    translate: Optional[int] = Field(None, ge=0, description="tensor_data: random translation in pixels (default: image size / 8, like the per-sample crop)")
-    whiten: bool = Field(False, description="initialise the first conv from the data: whitened patch directions (airbench)")
-    progressive_sizes: Optional[list[int]] = Field(None, description="train the epochs in equal parts at these image sizes, e.g. [24, 28, 32]")
+    tensor_data: bool = Field(
+        False,
+        description="hold the training split as one uint8 tensor on the device; flip + translate on whole batches",
+    )
+    translate: Optional[int] = Field(
+        None,
+        ge=0,
+        description="tensor_data: random translation in pixels (default: image size / 8, like the per-sample crop)",
+    )
+    whiten: bool = Field(
+        False, description="initialise the first conv from the data: whitened patch directions (airbench)"
+    )
+    progressive_sizes: Optional[list[int]] = Field(
+        None, description="train the epochs in equal parts at these image sizes, e.g. [24, 28, 32]"
+    )
     tta_flip: bool = Field(False, description="evaluate on the average of each image and its mirror")
     # Time-to-accuracy.
     target_accuracy: Optional[float] = Field(None, gt=0, le=1, description="records time-to-accuracy")
     stop_at_target: bool = Field(False, description="stop training once target_accuracy is reached")
-    max_train_s: Optional[float] = Field(None, gt=0, description="stop training after this many seconds (evaluation excluded)")
+    max_train_s: Optional[float] = Field(
+        None, gt=0, description="stop training after this many seconds (evaluation excluded)"
+    )
 
     @field_validator("progressive_sizes")
     @classmethod

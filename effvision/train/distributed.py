@@ -5,6 +5,7 @@ DistributedDataParallel. Rank 0 alone logs and writes the run folder.
 `effvision train --nproc N` relaunches itself under `torch.distributed.run --standalone` on this
 machine; a multi-node job is started by torchrun directly (README), and effvision then only joins.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,13 +49,27 @@ def check_nproc(nproc: int, device: str = "auto") -> None:
         raise EffvisionError(f"--nproc {nproc}: the number of training processes must be at least 1")
     most, why = max_processes(device)
     if nproc > most:
-        raise EffvisionError(f"--nproc {nproc}: this machine runs at most {most} training process{'es' if most > 1 else ''} ({why})")
+        raise EffvisionError(
+            f"--nproc {nproc}: this machine runs at most {most} training process{'es' if most > 1 else ''} ({why})"
+        )
 
 
 def launch(nproc: int, cli_args: list[str]) -> int:
     """Run `effvision <cli_args>` in nproc processes under torchrun on this machine; its exit code."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "effvision.cli", *cli_args]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, max_processes("cpu")[0] // nproc)))}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "effvision.cli",
+        *cli_args,
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, max_processes("cpu")[0] // nproc))),
+    }
     return subprocess.call(cmd, env=env)
 
 
@@ -66,7 +81,9 @@ def init() -> None:
     if gpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     else:
-        torch.set_num_threads(max(1, max_processes("cpu")[0] // int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))))
+        torch.set_num_threads(
+            max(1, max_processes("cpu")[0] // int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])))
+        )
     dist.init_process_group("nccl" if gpu else "gloo")
 
 

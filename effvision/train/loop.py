@@ -3,6 +3,7 @@
 Time-to-accuracy (DAWNBench's metric) is the training wall-clock, evaluation passes excluded
 (airbench's convention), until validation top-1 first reaches the target.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,14 @@ from . import distributed
 from .config import TrainSettings
 from .whiten import whiten_first_conv
 
-_TIMM_OPT = {"sgd": "sgd", "nesterov": "nesterov", "momentum": "momentum", "adamw": "adamw", "lamb": "lamb", "lars": "lars"}
+_TIMM_OPT = {
+    "sgd": "sgd",
+    "nesterov": "nesterov",
+    "momentum": "momentum",
+    "adamw": "adamw",
+    "lamb": "lamb",
+    "lars": "lars",
+}
 
 
 @dataclass
@@ -42,9 +50,16 @@ class FitResult:
 
     def metrics(self, s: TrainSettings) -> dict:
         """What a training stage records beside accuracy and time-to-accuracy."""
-        out = {"target_accuracy": s.target_accuracy, "epochs_to_accuracy": self.epochs_to_accuracy, "stopped": self.stopped,
-               "train_s": round(self.train_s, 3), "eval_s": round(self.eval_s, 3), "compile_s": round(self.compile_s, 3),
-               "processes": self.processes, "history": self.history}
+        out = {
+            "target_accuracy": s.target_accuracy,
+            "epochs_to_accuracy": self.epochs_to_accuracy,
+            "stopped": self.stopped,
+            "train_s": round(self.train_s, 3),
+            "eval_s": round(self.eval_s, 3),
+            "compile_s": round(self.compile_s, 3),
+            "processes": self.processes,
+            "history": self.history,
+        }
         if self.accuracy_tta is not None:
             out["accuracy_tta"] = self.accuracy_tta
         if self.max_param_difference is not None:
@@ -67,8 +82,14 @@ def make_schedule(opt: torch.optim.Optimizer, s: TrainSettings, steps_per_epoch:
     warm = min(total - 1, int(s.warmup_epochs * steps_per_epoch))
     if s.schedule == "onecycle" and total >= 4:
         # Each of OneCycleLR's two phases must last at least one step (it divides by their length).
-        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=s.lr, total_steps=total, pct_start=min(max(warm, 2), total - 2) / total,
-                                                   anneal_strategy="linear", cycle_momentum=False)
+        return torch.optim.lr_scheduler.OneCycleLR(
+            opt,
+            max_lr=s.lr,
+            total_steps=total,
+            pct_start=min(max(warm, 2), total - 2) / total,
+            anneal_strategy="linear",
+            cycle_momentum=False,
+        )
 
     def factor(step: int) -> float:
         if step < warm:
@@ -92,10 +113,24 @@ def autocast_dtype(s: TrainSettings, device: torch.device) -> Optional[torch.dty
     return torch.bfloat16 if s.amp == "bf16" or torch.cuda.is_bf16_supported() else torch.float16
 
 
-def distill_loss(student: torch.Tensor, teacher: torch.Tensor, target: torch.Tensor, temperature: float, alpha: float, smoothing: float) -> torch.Tensor:
+def distill_loss(
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    target: torch.Tensor,
+    temperature: float,
+    alpha: float,
+    smoothing: float,
+) -> torch.Tensor:
     """Hinton et al. 2015, per sample: alpha * T^2 * KL(teacher_T || student_T) + (1 - alpha) * CE."""
-    soft = F.kl_div(F.log_softmax(student / temperature, 1), F.log_softmax(teacher / temperature, 1), reduction="none", log_target=True).sum(1)
-    return alpha * temperature**2 * soft + (1 - alpha) * F.cross_entropy(student, target, label_smoothing=smoothing, reduction="none")
+    soft = F.kl_div(
+        F.log_softmax(student / temperature, 1),
+        F.log_softmax(teacher / temperature, 1),
+        reduction="none",
+        log_target=True,
+    ).sum(1)
+    return alpha * temperature**2 * soft + (1 - alpha) * F.cross_entropy(
+        student, target, label_smoothing=smoothing, reduction="none"
+    )
 
 
 def hardest(losses: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -109,7 +144,11 @@ def check_tricks(s: TrainSettings, data) -> None:
     if data.modality != "image" and used:
         raise EffvisionError(f"{', '.join(used)}: image-only training options, the data is {data.modality}")
     if s.tta_flip and (data.modality == "points" or not data.card.hflip):
-        why = "the data is points" if data.modality == "points" else f"dataset {data.name} says a mirrored sample is another class (hflip: false)"
+        why = (
+            "the data is points"
+            if data.modality == "points"
+            else f"dataset {data.name} says a mirrored sample is another class (hflip: false)"
+        )
         raise EffvisionError(f"tta_flip averages each sample with its mirror; {why}")
 
 
@@ -142,7 +181,9 @@ def to_device(x: torch.Tensor, device: torch.device, memory) -> torch.Tensor:
 def resize(x: torch.Tensor, size: Optional[int], memory) -> torch.Tensor:
     if size is None or x.shape[-1] == size:
         return x
-    return F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False).contiguous(memory_format=memory)
+    return F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False).contiguous(
+        memory_format=memory
+    )
 
 
 def mirror_averaged(predict: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -173,9 +214,18 @@ def warm_compiled(step_fn, model: nn.Module, loader, s: TrainSettings, dtype, de
     return time.perf_counter() - t
 
 
-def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: int = 0, teacher: nn.Module | None = None,
-        temperature: float = 4.0, alpha: float = 0.9, label: str = "train",
-        on_batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None) -> FitResult:
+def fit(
+    model: nn.Module,
+    data,
+    s: TrainSettings,
+    device: torch.device,
+    seed: int = 0,
+    teacher: nn.Module | None = None,
+    temperature: float = 4.0,
+    alpha: float = 0.9,
+    label: str = "train",
+    on_batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
+) -> FitResult:
     """Train model in place on data (a DatasetBundle); evaluates on val after every epoch.
 
     Samples are weighted by data.train_weights when a weighted coreset was selected. With
@@ -202,7 +252,9 @@ def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: in
         whiten_first_conv(model, whitening_sample(data).to(device))
     net = model
     if world > 1:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index or 0] if device.type == "cuda" else None)
+        net = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index or 0] if device.type == "cuda" else None
+        )
     opt = make_optimizer(model, s)
     sched = make_schedule(opt, s, len(loader))
     dtype = autocast_dtype(s, device)
@@ -214,12 +266,16 @@ def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: in
         # Decay warm-up (1 - (1 + step)^-2/3, capped at ema_decay): a short run is not averaged
         # with its random initialisation.
         ema = ModelEmaV3(model, decay=s.ema_decay, use_warmup=True)
-    step_fn = torch.compile(net, dynamic=False) if s.compile else net  # one static graph per image size: faster than a dynamic one
+    step_fn = (
+        torch.compile(net, dynamic=False) if s.compile else net
+    )  # one static graph per image size: faster than a dynamic one
     if s.compile:
         result.compile_s = warm_compiled(step_fn, model, loader, s, dtype, device, memory)
     selective = s.hard_fraction is not None and s.hard_fraction < 1
 
-    def batch_losses(inputs: torch.Tensor, targets: torch.Tensor, grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_losses(
+        inputs: torch.Tensor, targets: torch.Tensor, grad: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.set_grad_enabled(grad):
             out = step_fn(inputs)
             if teacher is None:
@@ -281,10 +337,20 @@ def fit(model: nn.Module, data, s: TrainSettings, device: torch.device, seed: in
             result.eval_s += time.perf_counter() - t_eval
             train_s = train_seconds()
             done = epoch + steps / max(1, len(loader))
-            result.history.append({"epoch": round(done, 3), "loss": loss_sum / max(seen, 1), "val_accuracy": acc, "train_s": round(train_s, 3),
-                                   "lr": opt.param_groups[0]["lr"], **({"size": size} if size else {})})
-            log(f"  {label} epoch {epoch + 1:>3}/{s.epochs}  loss {loss_sum / max(seen, 1):.4f}  val top-1 {acc:.4f}"
-                f"{' (mirror-averaged)' if s.tta_flip else ''}  ({train_s:.1f}s)")
+            result.history.append(
+                {
+                    "epoch": round(done, 3),
+                    "loss": loss_sum / max(seen, 1),
+                    "val_accuracy": acc,
+                    "train_s": round(train_s, 3),
+                    "lr": opt.param_groups[0]["lr"],
+                    **({"size": size} if size else {}),
+                }
+            )
+            log(
+                f"  {label} epoch {epoch + 1:>3}/{s.epochs}  loss {loss_sum / max(seen, 1):.4f}  val top-1 {acc:.4f}"
+                f"{' (mirror-averaged)' if s.tta_flip else ''}  ({train_s:.1f}s)"
+            )
             if s.target_accuracy is not None and result.time_to_accuracy_s is None and acc >= s.target_accuracy:
                 result.time_to_accuracy_s, result.epochs_to_accuracy = round(train_s, 3), round(done, 3)
                 if s.stop_at_target:

@@ -1,4 +1,5 @@
 """The `train` stage: fine-tune the current model with the one training loop."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -18,5 +19,6 @@ def run_train(ctx, cfg: TrainStageConfig) -> StageResult:
     """Train the current model on the recipe's data (classification)."""
     model = ctx.model
     res = fit(model, ctx.data, cfg, ctx.device, seed=ctx.seed, label=cfg.name)
-    return ctx.torch_result(model, accuracy=res.accuracy, time_to_accuracy_s=res.time_to_accuracy_s,
-                            extra=res.metrics(cfg))
+    return ctx.torch_result(
+        model, accuracy=res.accuracy, time_to_accuracy_s=res.time_to_accuracy_s, extra=res.metrics(cfg)
+    )

@@ -2,6 +2,7 @@
 per seed, each stopping when validation top-1 first reaches the target, and the seconds of
 training it took (evaluation and compilation excluded, reported apart) summarised as mean and
 spread. `effvision train --target-accuracy A --seeds N` and `effvision study speed` use it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,7 +24,9 @@ def with_target(recipe: Recipe, seed: int, target: Optional[float], time_limit: 
     out.seed = seed
     trains = [s for s in out.stages if s.type == "train"]
     if (target or time_limit) and not trains:
-        raise EffvisionError(f"{recipe._source}: --target-accuracy and --time-limit need a train stage; this recipe has none")
+        raise EffvisionError(
+            f"{recipe._source}: --target-accuracy and --time-limit need a train stage; this recipe has none"
+        )
     for s in trains:
         if target is not None:
             s.target_accuracy, s.stop_at_target = target, True
@@ -38,8 +41,23 @@ def train_row(recipe: Recipe, run_dir: Path) -> dict:
 
     report = run_pipeline(recipe, run_dir, only_types={"select", "train"})
     stage = [s for s in report["stages"] if s["type"] == "train"][-1]
-    keys = ("time_to_accuracy_s", "epochs_to_accuracy", "accuracy", "accuracy_tta", "train_s", "eval_s", "compile_s", "stopped", "processes")
-    return {"seed": recipe.seed, "run_dir": str(run_dir), "target_accuracy": stage.get("target_accuracy"), **{k: stage.get(k) for k in keys}}
+    keys = (
+        "time_to_accuracy_s",
+        "epochs_to_accuracy",
+        "accuracy",
+        "accuracy_tta",
+        "train_s",
+        "eval_s",
+        "compile_s",
+        "stopped",
+        "processes",
+    )
+    return {
+        "seed": recipe.seed,
+        "run_dir": str(run_dir),
+        "target_accuracy": stage.get("target_accuracy"),
+        **{k: stage.get(k) for k in keys},
+    }
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -47,12 +65,19 @@ def summarise(rows: list[dict]) -> dict:
     import statistics
 
     times = [r["time_to_accuracy_s"] for r in rows if r["time_to_accuracy_s"] is not None]
-    return {"seeds": len(rows), "reached": len(times), "mean_s": statistics.fmean(times) if times else None,
-            "std_s": statistics.stdev(times) if len(times) > 1 else (0.0 if times else None),
-            "min_s": min(times) if times else None, "max_s": max(times) if times else None}
+    return {
+        "seeds": len(rows),
+        "reached": len(times),
+        "mean_s": statistics.fmean(times) if times else None,
+        "std_s": statistics.stdev(times) if len(times) > 1 else (0.0 if times else None),
+        "min_s": min(times) if times else None,
+        "max_s": max(times) if times else None,
+    }
 
 
-def run_seeds(recipe: Recipe, run_dir: Path, seeds: int, target: Optional[float], time_limit: Optional[float] = None) -> dict:
+def run_seeds(
+    recipe: Recipe, run_dir: Path, seeds: int, target: Optional[float], time_limit: Optional[float] = None
+) -> dict:
     """Train once per seed (recipe.seed, +1, ...) into run_dir (one seed) or run_dir/seed-<s>."""
     from ..fileio import write_json
     from . import distributed
@@ -62,8 +87,13 @@ def run_seeds(recipe: Recipe, run_dir: Path, seeds: int, target: Optional[float]
     for k in range(seeds):
         seeded = with_target(recipe, recipe.seed + k, target, time_limit)
         rows.append(train_row(seeded, run_dir if seeds == 1 else run_dir / f"seed-{seeded.seed}"))
-    summary = {"recipe": recipe._source, "target_accuracy": target, "time_limit_s": time_limit, "rows": rows, **summarise(rows)}
+    summary = {
+        "recipe": recipe._source,
+        "target_accuracy": target,
+        "time_limit_s": time_limit,
+        "rows": rows,
+        **summarise(rows),
+    }
     if distributed.rank() == 0:
         write_json(Path(run_dir) / "time_to_accuracy.json", summary)
     return summary
-

@@ -3,6 +3,7 @@ Coates & Ng 2011): its filters become the principal directions of the training i
 each scaled to unit variance, paired with its negative so a ReLU after it keeps both signs. The
 first layer then starts out decorrelating its input, which shortens training.
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,7 +40,9 @@ def whiten_first_conv(model: nn.Module, images: torch.Tensor) -> int:
     beyond twice the patch size keep their initialisation. Returns how many were set."""
     conv = first_conv(model)
     if images.shape[1] != conv.in_channels:
-        raise EffvisionError(f"whiten: the first conv takes {conv.in_channels} channels, the images have {images.shape[1]}")
+        raise EffvisionError(
+            f"whiten: the first conv takes {conv.in_channels} channels, the images have {images.shape[1]}"
+        )
     filters = whitening_filters(images, conv.kernel_size, conv.out_channels)
     conv.weight[: len(filters)] = filters.to(conv.weight)
     return len(filters)

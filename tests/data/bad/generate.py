@@ -4,6 +4,7 @@ rewrite tests/data/bad/files; tests/test_bad_inputs.py holds what each case must
 
 The files are committed so anyone can point effvision (or another tool) at them; the test also
 regenerates them to check the script and the committed copy agree on the case list."""
+
 from __future__ import annotations
 
 import io
@@ -35,6 +36,7 @@ def _image(mode: str = "RGB", size=(32, 24), fmt="PNG") -> bytes:
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose IHDR claims width x height and whose data is one empty IDAT: a decoder that
     trusts the header allocates width*height*3 bytes."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
@@ -85,8 +87,10 @@ def _ply(n: int, declared: int | None = None, binary: bool = False) -> bytes:
 def _pcd(n: int, declared: int | None = None) -> bytes:
     pts = RNG.random((n, 3)).astype(np.float32)
     d = declared or n
-    head = (f"# .PCD v0.7\nVERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nCOUNT 1 1 1\nWIDTH {d}\nHEIGHT 1\n"
-            f"VIEWPOINT 0 0 0 1 0 0 0\nPOINTS {d}\nDATA ascii\n")
+    head = (
+        f"# .PCD v0.7\nVERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nCOUNT 1 1 1\nWIDTH {d}\nHEIGHT 1\n"
+        f"VIEWPOINT 0 0 0 1 0 0 0\nPOINTS {d}\nDATA ascii\n"
+    )
     return (head + "".join(f"{x} {y} {z}\n" for x, y, z in pts)).encode()
 
 
@@ -95,7 +99,9 @@ def _off(nv: int = 8, declared_v: int | None = None, faces: bool = True, joined:
     tris = [(0, 1, 3), (0, 3, 2), (4, 5, 7), (4, 7, 6)] if faces else []
     counts = f"{declared_v or nv} {len(tris) if faces else 4} 0"
     head = f"OFF{counts}\n" if joined else f"OFF\n{counts}\n"
-    return (head + "".join(f"{x} {y} {z}\n" for x, y, z in verts) + "".join(f"3 {a} {b} {c}\n" for a, b, c in tris)).encode()
+    return (
+        head + "".join(f"{x} {y} {z}\n" for x, y, z in verts) + "".join(f"3 {a} {b} {c}\n" for a, b, c in tris)
+    ).encode()
 
 
 def _zip(members: dict[str, bytes]) -> bytes:
