@@ -9,11 +9,13 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu gpu-bench gpu-speedrun gpu-data gpu-wheels sysdeps clean help
+.PHONY: install demo lint format test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu gpu-bench gpu-speedrun gpu-data gpu-wheels sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
-	@echo "make test   - install into $(VENV) (if needed) and run the test suite"
+	@echo "make test   - install into $(VENV) (if needed), check formatting and lint, run the test suite"
+	@echo "make lint   - ruff: formatting check and lint (configured in pyproject.toml)"
+	@echo "make format - ruff: rewrite files to the house format and apply safe lint fixes"
 	@echo "make test-all - every test: the zoo-wide conformance sweep and the slow ones too"
 	@echo "make bench  - slow tests and the CIFAR-10 pipeline on ../shared/datasets"
 	@echo "make bench-video - video loader speed and memory, the video demo and its single-frame twin (BENCHMARKS.md)"
@@ -47,12 +49,21 @@ sysdeps:
 demo: $(STAMP)
 	$(BIN)/effvision compress compress/default.yaml --run-dir runs/demo
 
-test: $(STAMP) sysdeps
+# ruff holds the style (pyproject.toml [tool.ruff]); `make test` runs this first, so CI fails on a finding.
+lint: $(STAMP)
+	$(BIN)/ruff format --check --diff .
+	$(BIN)/ruff check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: $(STAMP) sysdeps lint
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow and not zoo" --durations=12
 
 # Everything: the conformance sweep over every card and architecture (marker zoo) and the slow
 # tests (those that read ../shared skip without it).
-test-all: $(STAMP) sysdeps
+test-all: $(STAMP) sysdeps lint
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest --durations=20
 
 # docs/compat.md: timm's efficient families through prune, export and int8 (about 20 min on 2 cores).

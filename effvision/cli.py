@@ -135,7 +135,8 @@ def zoo_compat(
         Path("docs/compat.md"), help="Markdown table to write (a .json with every measurement goes beside it)."
     ),
 ):
-    """Take timm models through create, forward, backward, prune, export, ONNX Runtime parity and int8; write the table."""
+    """Take timm models through create, forward, backward, prune, export, ONNX Runtime parity and int8;
+    write the table."""
     from .models.compat import DEFAULT_MODELS, run_compat, write_compat
     from .progress import track
 
@@ -191,7 +192,8 @@ def data_inspect(
         None,
         "--bin-width",
         min=3,
-        help="float32 values per record of raw LiDAR .bin files (KITTI 4, nuScenes 5, ScanNet 6); default: by convention",
+        help="float32 values per record of raw LiDAR .bin files (KITTI 4, nuScenes 5, ScanNet 6); default: by "
+        "convention",
     ),
 ):
     """Decode every file under PATH and report one status per file."""
@@ -260,7 +262,8 @@ def data_compress(
     rows = [
         [
             "files",
-            f"{stats['files']} ({stats['compressed']} compressed, {stats['copied']} copied, {len(stats['failed'])} unreadable)",
+            f"{stats['files']} ({stats['compressed']} compressed, {stats['copied']} copied, {len(stats['failed'])} "
+            "unreadable)",
         ],
         ["bytes", f"{fmt_bytes(stats['bytes_before'])} -> {fmt_bytes(stats['bytes_after'])} ({stats['ratio']:.1%})"],
     ]
@@ -397,7 +400,8 @@ def _print_time_to_accuracy(summary: dict, run_dir: Path) -> None:
     )
     if summary["reached"]:
         out.print(
-            f"reached {summary['reached']}/{summary['seeds']}: {summary['mean_s']:.1f} ± {summary['std_s']:.1f} s of training "
+            f"reached {summary['reached']}/{summary['seeds']}: {summary['mean_s']:.1f} ± {summary['std_s']:.1f} s of "
+            "training "
             f"(evaluation and compilation excluded)"
         )
     out.print(f"wrote {run_dir / 'time_to_accuracy.json'}")
@@ -472,7 +476,8 @@ def export(
     out_file: Optional[Path] = typer.Option(None, "--out", help="Output file (default model.onnx / model.pte)."),
     data: Optional[str] = typer.Option(
         None,
-        help="Dataset card for the parity check and int8 calibration (default: the one the checkpoint was trained on, else digits).",
+        help="Dataset card for the parity check and int8 calibration (default: the one the checkpoint was trained "
+        "on, else digits).",
     ),
     data_root: Optional[str] = typer.Option(None, help="data.root for that dataset."),
     calibration_samples: int = typer.Option(256, help="Samples for int8 calibration."),

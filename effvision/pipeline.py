@@ -60,7 +60,8 @@ class RunContext:
             summary = self._data.summary()
             if summary["bad_samples"]:
                 log(
-                    f"[yellow]skipped {summary['bad_samples']} unreadable files[/] (first: {self._data.bad_samples[0][0]})"
+                    f"[yellow]skipped {summary['bad_samples']} unreadable files[/] (first: "
+                    f"{self._data.bad_samples[0][0]})"
                 )
             write_json(
                 self.run_dir / "dataset.json", {**summary, "bad_files": [p for p, _ in self._data.bad_samples[:100]]}
@@ -222,7 +223,8 @@ class RunContext:
         else:
             names = [r["name"] for r in self.records if "model" in r["artifacts"]]
             raise EffvisionError(
-                f"teacher '{spec}' is neither 'auto', 'none', an earlier stage ({', '.join(names)}) nor a checkpoint file"
+                f"teacher '{spec}' is neither 'auto', 'none', an earlier stage ({', '.join(names)}) nor a checkpoint "
+                "file"
             )
         return load_checkpoint(self.run_dir / path).to(self.device), path
 

@@ -46,7 +46,8 @@ class ModelConfig(Strict):
     name: str = Field(..., description="zoo card, registered model, timm:<name> or torchvision:<name>")
     pretrained: Optional[str] = Field(
         None,
-        description="a local .pth/.safetensors file, hf-hub:<repo_id> (from the Hugging Face cache) or zoo (the card's weights)",
+        description="a local .pth/.safetensors file, hf-hub:<repo_id> (from the Hugging Face cache) or zoo (the "
+        "card's weights)",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict)
 

@@ -41,7 +41,7 @@ def build_report(run_dir: str | Path) -> dict:
     lat_batch = min((m["batch"] for m in measurements), default=1)
     tp_batch = max((m["batch"] for m in measurements), default=1)
     stages, artifacts = [], {}
-    for d, r in zip(dirs, records):
+    for d, r in zip(dirs, records, strict=True):
         row = {k: v for k, v in r.items() if k not in _INTERNAL}
         row["stage_dir"] = d.name
         row.setdefault("time_to_accuracy_s", None)
@@ -158,11 +158,13 @@ def to_markdown(report: dict) -> str:
     if report.get("dataset"):
         d = report["dataset"]
         out.append(
-            f"Dataset: {d['name']} ({d['modality']}), train {d['train_size']}, val {d['val_size']}, {d.get('bad_samples', 0)} unreadable files skipped"
+            f"Dataset: {d['name']} ({d['modality']}), train {d['train_size']}, val {d['val_size']}, "
+            f"{d.get('bad_samples', 0)} unreadable files skipped"
         )
         if d.get("points_per_sample"):
             out.append(
-                f"Points per sample: {d['points_per_sample']} kept by the {d['sampler']} sampler ({fmt_bytes(d['bytes_per_sample'])}) "
+                f"Points per sample: {d['points_per_sample']} kept by the {d['sampler']} sampler "
+                f"({fmt_bytes(d['bytes_per_sample'])}) "
                 f"of {d['source_points_per_sample']:g} in the files ({fmt_bytes(d['source_bytes_per_sample'])} on disk)"
             )
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -171,15 +173,18 @@ def to_markdown(report: dict) -> str:
         if s.get("views"):
             out += [
                 "",
-                f"Test views ({s['name']}): {s['clips']} clips x {s['crops']} crops = {s['views']} forward passes per video, "
+                f"Test views ({s['name']}): {s['clips']} clips x {s['crops']} crops = {s['views']} forward passes "
+                "per video, "
                 f"{fmt_num(s.get('macs_per_video'))} MACs, {s.get('frames_decoded_per_video')} decoded frames and "
                 f"{s.get('ms_per_video')} ms per video (decoding included).",
             ]
         if s["type"] == "select":
             out += [
                 "",
-                f"Selection ({s['name']}): {s['selected']} of {s['of']} training samples kept by `{s['selector']}` (budget {s['budget']}"
-                f"{', weighted' if s.get('weighted') else ''}); proxy training {s['proxy_train_s']:.1f} s, scoring {s['scoring_s']:.1f} s. "
+                f"Selection ({s['name']}): {s['selected']} of {s['of']} training samples kept by `{s['selector']}` "
+                f"(budget {s['budget']}"
+                f"{', weighted' if s.get('weighted') else ''}); proxy training {s['proxy_train_s']:.1f} s, scoring "
+                f"{s['scoring_s']:.1f} s. "
                 "Later stages train on them.",
             ]
     bench = [s for s in report["stages"] if s["type"] == "bench"]
@@ -196,17 +201,20 @@ def to_markdown(report: dict) -> str:
             peaks = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in rf["matmul_flops_per_s"].items() if v)
             out += [
                 "",
-                f"Device limits measured in the same run ({rf['device']}): matrix product {peaks}; copy {rf['copy_bytes_per_s'] / 1e9:.1f} GB/s.",
+                f"Device limits measured in the same run ({rf['device']}): matrix product {peaks}; copy "
+                f"{rf['copy_bytes_per_s'] / 1e9:.1f} GB/s.",
             ]
     out += [
         "",
-        "Accuracy is top-1 on the validation split of the artifact each stage produced; ONNX stages are measured by running the file in ONNX Runtime.",
+        "Accuracy is top-1 on the validation split of the artifact each stage produced; ONNX stages are measured by "
+        "running the file in ONNX Runtime.",
     ]
     out += ["", "Artifacts: " + ", ".join(f"{k}: `{v}`" for k, v in report["artifacts"].items())]
     e = report["env"]
     out += [
         "",
-        f"Environment: torch {e['torch']}, onnxruntime {e['onnxruntime']}, timm {e['timm']}, CPU {e['cpu']} ({e['cpu_count']} cores), GPU {e['gpu'] or 'none'}, git {e['git_sha']}",
+        f"Environment: torch {e['torch']}, onnxruntime {e['onnxruntime']}, timm {e['timm']}, CPU {e['cpu']} "
+        f"({e['cpu_count']} cores), GPU {e['gpu'] or 'none'}, git {e['git_sha']}",
         "",
     ]
     return "\n".join(out)
@@ -303,7 +311,8 @@ def _img(data: bytes | None, alt: str) -> str:
     return (
         ""
         if not data
-        else f'<img alt="{html.escape(alt)}" style="max-width:100%" src="data:image/png;base64,{base64.b64encode(data).decode()}"/>'
+        else f'<img alt="{html.escape(alt)}" style="max-width:100%" '
+        f'src="data:image/png;base64,{base64.b64encode(data).decode()}"/>'
     )
 
 
@@ -347,10 +356,15 @@ def to_html(report: dict) -> str:
         + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
         + "</table>"
     )
-    style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+    style = (
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid "
+        "#ccc;padding:4px 8px;text-align:right}"
+    )
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>effvision report</title><style>{style}</style></head><body>"
-        f"<h1>effvision report</h1><p>{html.escape(str(report['recipe']))} &rarr; {html.escape(report['run_dir'])}</p>{table}"
+        "<!doctype html><html><head><meta charset='utf-8'><title>effvision "
+        f"report</title><style>{style}</style></head><body>"
+        f"<h1>effvision report</h1><p>{html.escape(str(report['recipe']))} &rarr; "
+        f"{html.escape(report['run_dir'])}</p>{table}"
         + f"<h2>Accuracy against latency and size</h2>{_img(pareto_png(report), 'Pareto plot')}"
         + "".join(
             f"<h2>Benchmark</h2>{_img(png, 'latency and throughput against batch size')}"

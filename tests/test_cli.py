@@ -19,7 +19,7 @@ def run(capsys, *args):
 
 def assert_one_line_error(code, err, *fragments):
     assert code == 1, err
-    lines = [l for l in err.strip().splitlines() if l.strip()]
+    lines = [line for line in err.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("effvision: error:"), err
     assert "Traceback" not in err
     for f in fragments:

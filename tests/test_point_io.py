@@ -42,7 +42,10 @@ def test_bad_point_files_name_the_file(tmp_path):
     (tmp_path / "wrong.off").write_text("OFF\n5 1 0\n0 0 0\n1 0 0\n0 1 0\n3 0 1 2\n")
     (tmp_path / "empty.ply").write_bytes(b"")
     np.arange(25, dtype=np.float32).tofile(tmp_path / "odd.bin")
-    header = b"ply\nformat binary_little_endian 1.0\nelement vertex 1000\nproperty float x\nproperty float y\nproperty float z\nend_header\n"
+    header = (
+        b"ply\nformat binary_little_endian 1.0\nelement vertex 1000\nproperty float x\nproperty float "
+        b"y\nproperty float z\nend_header\n"
+    )
     (tmp_path / "cut.ply").write_bytes(header + np.zeros(30, np.float32).tobytes())
     (tmp_path / "cut_ascii.ply").write_text(
         "ply\nformat ascii 1.0\nelement vertex 4\nproperty float x\nproperty float y\n"

@@ -9,6 +9,7 @@ import re
 import tempfile
 import types
 import typing
+from itertools import pairwise
 from pathlib import Path
 from unittest import mock
 
@@ -607,9 +608,9 @@ def test_every_frame_sampler_gives_k_indices_inside_the_clip(name, data, video, 
     if not train:
         assert list(other) == list(idx), "an evaluation clip depends on the rng"
     if name == "dense" and n >= (k - 1) * sampler.stride + 1:  # fits: consecutive frames `stride` apart
-        assert all(b - a == sampler.stride for a, b in zip(idx, idx[1:]))
+        assert all(b - a == sampler.stride for a, b in pairwise(idx))
     elif name != "dense":  # tsn, keyframes, motion promise temporal order
-        assert all(a <= b for a, b in zip(idx, idx[1:])), idx
+        assert all(a <= b for a, b in pairwise(idx)), idx
     if name == "keyframes":
         assert set(idx) <= set(video.key_indices())
 

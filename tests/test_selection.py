@@ -81,7 +81,7 @@ def test_gradient_clusters_keep_one_per_duplicate_group_weighted_by_its_size():
     s = Signals(np.zeros(len(groups), int), 2, emb, probs)
     sel = select("gradient_clusters", s, 4, seed=0)
     assert sorted(groups[sel.indices]) == [0, 1, 2, 3]
-    sizes = dict(zip(groups[sel.indices], sel.weights))
+    sizes = dict(zip(groups[sel.indices], sel.weights, strict=True))
     assert np.allclose([sizes[g] for g in range(4)], np.array([10, 5, 3, 2]) / 5)  # weights have mean 1
 
 
@@ -222,7 +222,7 @@ def test_selective_backprop_trains_on_the_hardest_fraction(monkeypatch):
         model, data, TrainSettings(epochs=2, hard_fraction=0.25, optimizer="adamw", lr=3e-3), torch.device("cpu")
     )
     assert res.history and len(kept) == len(trained) == 2 * (len(data.train) // 8)
-    for (losses, k), n in zip(kept, trained):
+    for (losses, k), n in zip(kept, trained, strict=True):
         rest = torch.ones(len(losses), dtype=torch.bool)
         rest[k] = False
         assert len(k) == n == -(-len(losses) // 4)  # a quarter of each batch, rounded up, gets a backward pass
@@ -241,7 +241,7 @@ def test_uniform_weights_train_exactly_like_no_weights():
     fit(a, data, s, torch.device("cpu"))
     weighted = data.with_train_subset(range(len(data.train)), np.ones(len(data.train)))
     fit(b, weighted, s, torch.device("cpu"))
-    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(a.parameters(), b.parameters()))
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 # ----------------------------------------------------------------------------- stage, calibration, errors

@@ -226,8 +226,8 @@ model: {name: cifar_resnet8, kwargs: {width: 0.25}}
 stages:
   - {name: train, type: train, epochs: 4, optimizer: nesterov, lr: 0.2, tensor_data: true, whiten: true}
 presets:
-  plain: {stages.train.optimizer: momentum, stages.train.lr: 0.001, stages.train.schedule: step, stages.train.tensor_data: false,
-          stages.train.whiten: false}
+  plain: {stages.train.optimizer: momentum, stages.train.lr: 0.001, stages.train.schedule: step,
+          stages.train.tensor_data: false, stages.train.whiten: false}
 """
 
 

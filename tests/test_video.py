@@ -224,7 +224,7 @@ def test_pruning_keeps_each_channels_shift_direction():
             conv.weight.copy_(tags.view(1, -1, 1, 1).expand_as(conv.weight))
             shift.back.mul_(tags.view(1, -1, 1, 1)), shift.ahead.mul_(tags.view(1, -1, 1, 1))
     prune(model, 0.5)
-    for seq, width in zip(wrapped, widths):
+    for seq, width in zip(wrapped, widths, strict=True):
         shift, conv = seq
         kept = conv.weight[0, :, 0, 0]  # the original index (+1) of every input channel left
         assert shift.back.shape[1] == len(kept) < width and not shift.back.requires_grad

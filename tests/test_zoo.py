@@ -129,7 +129,8 @@ def test_publish_round_trip_and_tampered_weights(own_models, tmp_path):
     from effvision.recipe import validate_recipe
 
     (own_models / "tiny_resnet8.digits.yaml").write_text(
-        "name: tiny_resnet8.digits\narch: cifar_resnet8\nnum_classes: 10\ninput_size: [3, 32, 32]\nkwargs: {width: 0.25}\ndataset: digits\n"
+        "name: tiny_resnet8.digits\narch: cifar_resnet8\nnum_classes: 10\ninput_size: [3, 32, 32]\nkwargs: {width: "
+        "0.25}\ndataset: digits\n"
     )
     (tmp_path / "compress").mkdir()
     raw = tiny_recipe(model={"name": "tiny_resnet8.digits"})

@@ -40,7 +40,8 @@ def match_layers(model: nn.Module, patterns: list[str]) -> dict[str, nn.Module]:
         }
         if not hits:
             raise EffvisionError(
-                f"no layer matches '{pat}' (layer names look like: {', '.join(list(dict(model.named_modules()))[1:6])}, ...)"
+                f"no layer matches '{pat}' (layer names look like: "
+                f"{', '.join(list(dict(model.named_modules()))[1:6])}, ...)"
             )
         found.update(hits)
     return found
@@ -192,7 +193,7 @@ def _sync_cached_widths(model: nn.Module, before: list[int | None]) -> None:
             ):
                 continue
             old = getattr(owner, attr)
-            match = next((new for was, new in zip(before, after) if was == old and new is not None), None)
+            match = next((new for was, new in zip(before, after, strict=True) if was == old and new is not None), None)
             if match is not None:
                 setattr(owner, attr, match)
 

@@ -102,7 +102,8 @@ def score(
     if proxy.epochs < min_epochs:
         names = [s for s in selectors if SELECTORS.get(s).min_proxy_epochs > proxy.epochs]
         raise EffvisionError(
-            f"selector {', '.join(names)} needs a proxy trained for at least {min_epochs} epochs (proxy.epochs is {proxy.epochs})"
+            f"selector {', '.join(names)} needs a proxy trained for at least {min_epochs} epochs (proxy.epochs is "
+            f"{proxy.epochs})"
         )
     onehot = np.eye(data.num_classes, dtype=np.float32)[targets]
     probs_sum, el2n_sum, counters = 0.0, 0.0, []

@@ -36,7 +36,7 @@ def segment_indices(n: int, k: int, train: bool, rng: np.random.Generator, posit
     `position` (0..1) in every segment (0.5: the centre; several views use several positions)."""
     edges = np.linspace(0, n, k + 1)
     offset = rng.random(k) if train else np.full(k, position)
-    return [min(n - 1, int(lo + f * (hi - lo))) for lo, hi, f in zip(edges[:-1], edges[1:], offset)]
+    return [min(n - 1, int(lo + f * (hi - lo))) for lo, hi, f in zip(edges[:-1], edges[1:], offset, strict=True)]
 
 
 class FrameSampler:

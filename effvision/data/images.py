@@ -109,7 +109,7 @@ def imagefolder_entries(names: list[str]) -> tuple[list[str], list[tuple[str, in
     skip = 0
     while parts and all(len(p) > skip + 2 for p in parts) and len({p[skip] for p in parts}) == 1:
         skip += 1
-    labelled = [(n, p[skip]) for n, p in zip(files, parts) if len(p) >= skip + 2]
+    labelled = [(n, p[skip]) for n, p in zip(files, parts, strict=True) if len(p) >= skip + 2]
     classes = sorted({c for _, c in labelled})
     index = {c: i for i, c in enumerate(classes)}
     return classes, [(n, index[c]) for n, c in labelled]
@@ -153,7 +153,8 @@ class ImageFolderDataset(torch.utils.data.Dataset):
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if on_bad_sample == "fail":
                     raise EffvisionError(
-                        f"corrupt image {self.source.where(name)}: {reason} (set data.on_bad_sample=skip to skip such files)"
+                        f"corrupt image {self.source.where(name)}: {reason} (set data.on_bad_sample=skip to skip "
+                        "such files)"
                     ) from None
                 self.report.bad.append((self.source.where(name), reason))
                 continue

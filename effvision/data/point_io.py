@@ -164,7 +164,7 @@ def _check_pcd(path: Path) -> None:
                     f"{path}: truncated (the header declares {points} points, the file has {have} rows)"
                 )
         elif kind == "binary":
-            have, need = path.stat().st_size - f.tell(), points * sum(s * c for s, c in zip(sizes, counts))
+            have, need = path.stat().st_size - f.tell(), points * sum(s * c for s, c in zip(sizes, counts, strict=True))
             if have < need:
                 raise PointCloudError(f"{path}: truncated ({have} bytes of data, the header needs {need})")
 

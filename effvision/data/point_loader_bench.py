@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         result["cached"] = cached_loader(args.dataset, args.points, args.rounds)
         c = result["cached"]
         print(
-            f"{args.dataset} training loader (cache, FPS to {args.points}, augment, batch {c['batch_size']}): {c['samples_per_s']:.1f} samples/s"
+            f"{args.dataset} training loader (cache, FPS to {args.points}, augment, batch {c['batch_size']}): "
+            f"{c['samples_per_s']:.1f} samples/s"
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

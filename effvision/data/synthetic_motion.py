@@ -33,7 +33,9 @@ def _sprite(rng: np.random.Generator, size: int) -> Image.Image:
     radii = rng.uniform(0.3, 0.5, len(angles)) * size
     c = size / 2
     mask = Image.new("L", (size, size), 0)
-    ImageDraw.Draw(mask).polygon([(c + r * np.cos(a), c + r * np.sin(a)) for a, r in zip(angles, radii)], fill=255)
+    ImageDraw.Draw(mask).polygon(
+        [(c + r * np.cos(a), c + r * np.sin(a)) for a, r in zip(angles, radii, strict=True)], fill=255
+    )
     base = rng.integers(0, 256, 3)
     stripes = (np.sin(np.arange(size) * rng.uniform(0.5, 1.2))[:, None, None] > 0) * rng.integers(40, 120)
     fill = np.clip(base + stripes + rng.normal(0, 12, (size, size, 3)), 0, 255).astype(np.uint8)

@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.memory:
         print(
-            "| clips | backend | files | clips/s | RSS MiB at read %d | at read %d | growth MiB |\n|---|---|---|---|---|---|---|"
-            % (args.warmup, args.memory),
+            "| clips | backend | files | clips/s | RSS MiB at read %d | at read %d | growth MiB "
+            "|\n|---|---|---|---|---|---|---|" % (args.warmup, args.memory),
             flush=True,
         )
         rows = measure_memory(

@@ -111,7 +111,8 @@ def _samplers(card, config) -> tuple[FrameSampler, int]:
     short = card.resize or card.image_size
     if short < card.image_size:
         raise EffvisionError(
-            f"dataset {card.name}: resize ({short}) must be at least image_size ({card.image_size}): crops are cut from the decoded frames"
+            f"dataset {card.name}: resize ({short}) must be at least image_size ({card.image_size}): crops are cut "
+            "from the decoded frames"
         )
     return sampler, short
 

@@ -210,7 +210,8 @@ def check_pair(name: str, precision: str, device: torch.device) -> Backend:
     inst = backend(name)
     if precision not in inst.supports.get(device.type, ()):
         raise EffvisionError(
-            f"backend '{name}' does not run {precision} on {device.type}; supported on {device.type}: {supported_pairs(device.type)}"
+            f"backend '{name}' does not run {precision} on {device.type}; supported on {device.type}: "
+            f"{supported_pairs(device.type)}"
         )
     reason = inst.missing()
     if reason:

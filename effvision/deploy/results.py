@@ -53,7 +53,8 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         if r.get("error"):
             lines.append(
-                f"| {r.get('model') or r.get('stage') or '-'} | {r['backend']} | {r['precision']} | {r.get('batch', '-')} | "
+                f"| {r.get('model') or r.get('stage') or '-'} | {r['backend']} | {r['precision']} | "
+                f"{r.get('batch', '-')} | "
                 f"failed: {r['error']} |" + " |" * (len(head) - 5)
             )
             continue
@@ -61,8 +62,10 @@ def markdown_table(rows: list[dict]) -> str:
         backend = r["backend"] + (f" ({r['compile_mode']})" if r.get("compile_mode") not in (None, "default") else "")
         gflops = r.get("achieved_flops_per_s")
         lines.append(
-            f"| {name} | {backend} | {r['precision']} | {r['batch']} | {r['p50']:.3f} | {r['p90']:.3f} | {r['p99']:.3f} | "
-            f"{r['samples_per_s']:.1f} | {'-' if gflops is None else f'{gflops / 1e9:.1f}'} | {_pct(r.get('fraction_of_peak'))} | "
+            f"| {name} | {backend} | {r['precision']} | {r['batch']} | {r['p50']:.3f} | {r['p90']:.3f} | "
+            f"{r['p99']:.3f} | "
+            f"{r['samples_per_s']:.1f} | {'-' if gflops is None else f'{gflops / 1e9:.1f}'} | "
+            f"{_pct(r.get('fraction_of_peak'))} | "
             f"{_mib(r.get('peak_memory'))} | {r.get('first_call_ms', 0):.0f} | {_notes(r)} |"
         )
     return "\n".join(lines) + "\n"
@@ -78,8 +81,10 @@ def parity_table(exports: list[dict]) -> str:
             lines.append(f"| {e.get('model', '-')} | {e['artifact']} | failed: {e['error']} |" + " |" * (len(head) - 3))
             continue
         lines.append(
-            f"| {e.get('model', '-')} | {e['artifact']} | {'x'.join(map(str, e['input_shape']))} | {e['max_abs_diff']:.3g} | "
-            f"{e['mean_abs_diff']:.3g} | {100 * e['top1_agreement']:.1f}% | {e['samples']} | {e['size_bytes'] / 1e6:.1f} |"
+            f"| {e.get('model', '-')} | {e['artifact']} | {'x'.join(map(str, e['input_shape']))} | "
+            f"{e['max_abs_diff']:.3g} | "
+            f"{e['mean_abs_diff']:.3g} | {100 * e['top1_agreement']:.1f}% | {e['samples']} | "
+            f"{e['size_bytes'] / 1e6:.1f} |"
         )
     return "\n".join(lines) + "\n"
 

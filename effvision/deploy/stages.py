@@ -57,7 +57,8 @@ def run_export(ctx, cfg: ExportConfig) -> StageResult:
     tolerance = cfg.tolerance or getattr(ctx.model, "parity_tolerance", 1e-3)
     if cfg.precision == "fp32" and check["max_abs_diff"] > tolerance:
         raise EffvisionError(
-            f"exported {cfg.format} differs from PyTorch by {check['max_abs_diff']:.2e} > tolerance {tolerance:g} ({path})"
+            f"exported {cfg.format} differs from PyTorch by {check['max_abs_diff']:.2e} > tolerance {tolerance:g} "
+            f"({path})"
         )
     if check["top1_agreement"] < cfg.min_agreement:
         raise EffvisionError(

@@ -114,7 +114,8 @@ def _load_state(model: nn.Module, state: dict, path, strict: bool) -> None:
         )
     if not strict and len(missing) > len(own) // 2:
         raise EffvisionError(
-            f"checkpoint {path} does not match the model: {len(missing)} of {len(own)} tensors missing (e.g. {missing[0]})"
+            f"checkpoint {path} does not match the model: {len(missing)} of {len(own)} tensors missing (e.g. "
+            f"{missing[0]})"
         )
 
 

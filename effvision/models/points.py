@@ -17,6 +17,8 @@ farthest-point sample when the data pipeline's `fps` sampler ordered the cloud c
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 from torch import nn
 
@@ -38,14 +40,14 @@ def _w(channels: int, width: float) -> int:
 
 def _mlp1d(widths: list[int]) -> nn.Sequential:
     layers = []
-    for cin, cout in zip(widths[:-1], widths[1:]):
+    for cin, cout in pairwise(widths):
         layers += [nn.Conv1d(cin, cout, 1, bias=False), nn.BatchNorm1d(cout), nn.ReLU(inplace=True)]
     return nn.Sequential(*layers)
 
 
 def _mlp2d(widths: list[int], act: nn.Module | None = None) -> nn.Sequential:
     layers = []
-    for cin, cout in zip(widths[:-1], widths[1:]):
+    for cin, cout in pairwise(widths):
         layers += [nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout), act or nn.ReLU(inplace=True)]
     return nn.Sequential(*layers)
 
@@ -221,7 +223,7 @@ class DGCNN(PointClassifier):
     ):
         super().__init__()
         widths = [_w(c, width) for c in (64, 64, 128)]
-        self.edges = nn.ModuleList(EdgeConv(cin, cout, k) for cin, cout in zip([in_chans] + widths[:-1], widths))
+        self.edges = nn.ModuleList(EdgeConv(cin, cout, k) for cin, cout in pairwise([in_chans] + widths))
         e = _w(emb, width)
         self.embed = nn.Sequential(nn.Conv1d(sum(widths), e, 1, bias=False), nn.BatchNorm1d(e), nn.LeakyReLU(0.2))
         self.head = _classifier_head(2 * e, [_w(256, width)], dropout, nn.LeakyReLU(0.2))

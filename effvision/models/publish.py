@@ -48,14 +48,16 @@ def publish(run_dir: str | Path, stage: str, card_name: str | None = None) -> tu
     wrong = [k for k in expected if k not in state or state[k].shape != expected[k].shape]
     if wrong:
         raise EffvisionError(
-            f"stage '{stage}' does not fit card {card.name} as built (e.g. {wrong[0]}): publish an unpruned stage of the card's model"
+            f"stage '{stage}' does not fit card {card.name} as built (e.g. {wrong[0]}): publish an unpruned stage of "
+            "the card's model"
         )
     path = card_files("models")[card.name].parent / "weights" / f"{card.name}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: save_file(state, str(tmp)))
     if path.stat().st_size > MAX_COMMITTED_BYTES:
         print(
-            f"note: {path} is {path.stat().st_size / 2**20:.1f} MiB, over the 5 MiB committed limit: keep it out of git; the card's command reproduces it"
+            f"note: {path} is {path.stat().st_size / 2**20:.1f} MiB, over the 5 MiB committed limit: keep it out of "
+            "git; the card's command reproduces it"
         )
     block = {
         "accuracy": round(float(entry["accuracy"]), 4),

@@ -75,7 +75,8 @@ def insert_temporal_shift(backbone: nn.Module, num_frames: int, fold_div: int = 
         count += 1
     if not count:
         raise EffvisionError(
-            f"TSM: no residual blocks to shift in {type(backbone).__name__} (use a ResNet or MobileNet-style backbone, or tsn)"
+            f"TSM: no residual blocks to shift in {type(backbone).__name__} (use a ResNet or MobileNet-style "
+            "backbone, or tsn)"
         )
     return count
 

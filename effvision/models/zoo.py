@@ -38,7 +38,8 @@ class ModelCard(Strict):
     weights: Optional[str] = Field(None, description="local .pth/.safetensors file loaded whenever the card is built")
     hub: Optional[str] = Field(
         None,
-        description="Hugging Face Hub repo of pretrained weights (pretrained: zoo), read from the local cache when offline",
+        description="Hugging Face Hub repo of pretrained weights (pretrained: zoo), read from the local cache when "
+        "offline",
     )
     recipe: Optional[str] = Field(
         None, description="the default recipe (a name under compress/) to fine-tune and compress this model"

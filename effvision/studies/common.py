@@ -69,7 +69,7 @@ def plot_curves(
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for label, pts in curves.items():
         pts = sorted(pts)
-        xs, means, stds = zip(*pts)
+        xs, means, stds = zip(*pts, strict=True)
         ax.errorbar(
             xs,
             means,

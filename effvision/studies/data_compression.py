@@ -106,7 +106,7 @@ def data_compression_study(recipe: Recipe, levels: list[str], seeds: int, out_di
         data = load_dataset(cfg, seed=recipe.seed)
         for seed in range(recipe.seed, recipe.seed + seeds):
 
-            def train(seed=seed, data=data):
+            def train(seed=seed, data=data, spec=spec):
                 torch.manual_seed(seed)
                 m = recipe.model
                 model = create_model(m.name, num_classes=data.num_classes, input_size=data.input_size, **m.kwargs)

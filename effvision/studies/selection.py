@@ -77,7 +77,7 @@ def selection_study(
     rows = Rows(out_dir, settings)
     for seed in range(recipe.seed, recipe.seed + seeds):
         log(f"[bold]seed {seed}[/]: full training split ({len(data.train)} samples)")
-        rows.measure({"kind": "full", "seed": seed}, lambda: train_on(data, seed))
+        rows.measure({"kind": "full", "seed": seed}, lambda seed=seed: train_on(data, seed))
         signals = None
         cached = Path(out_dir) / f"signals-seed{seed}.npz"
         needs_scoring = any(
@@ -91,7 +91,7 @@ def selection_study(
                 data,
                 [parse_method(m)[0] for m in methods],
                 proxy,
-                lambda: fresh_model(seed + 10_000),
+                lambda seed=seed: fresh_model(seed + 10_000),
                 device,
                 seed,
                 label=f"proxy (seed {seed})",
@@ -101,7 +101,7 @@ def selection_study(
             rows.rows = [r for r in rows.rows if not (r["kind"] == "scoring" and r["seed"] == seed)]
             rows.measure(
                 {"kind": "scoring", "seed": seed},
-                lambda: {
+                lambda scored=scored, start=start: {
                     "proxy_train_s": round(scored.proxy_train_s, 3),
                     "scoring_s": round(scored.scoring_s, 3),
                     "wall_s": round(time.perf_counter() - start, 3),
@@ -111,7 +111,7 @@ def selection_study(
         for method in methods:
             for budget in budgets:
 
-                def run(method=method, budget=budget):
+                def run(method=method, budget=budget, seed=seed, signals=signals):
                     start = time.perf_counter()
                     name, options = parse_method(method)
                     sel = select(name, signals, budget, seed=seed, **options)
@@ -236,7 +236,8 @@ def to_markdown(summary: dict, methods: list[str], budgets: list, seeds: int) ->
     if summary["scoring_overhead"]:
         o, p, s = summary["scoring_overhead"], summary["proxy_train_s"], summary["scoring_s"]
         lines.append(
-            f"Scoring overhead (proxy training {p[0]:.0f} s + scoring {s[0]:.0f} s): {o[0]:.2f} ± {o[1]:.2f} of full-data training time."
+            f"Scoring overhead (proxy training {p[0]:.0f} s + scoring {s[0]:.0f} s): {o[0]:.2f} ± {o[1]:.2f} of "
+            "full-data training time."
         )
     lines.append(
         "Against random (difference of means; 'beats' only when larger than either std): "

@@ -28,12 +28,12 @@ def speed_study(
         seed = fast.seed + k
         mine = rows.measure(
             {"variant": "recipe", "seed": seed},
-            lambda: train_row(with_target(fast, seed, target), out_dir / f"recipe-seed-{seed}"),
+            lambda seed=seed: train_row(with_target(fast, seed, target), out_dir / f"recipe-seed-{seed}"),
         )
         limit = cap * (mine["time_to_accuracy_s"] or mine["train_s"])
         rows.measure(
             {"variant": preset, "seed": seed},
-            lambda: {
+            lambda seed=seed, limit=limit: {
                 **train_row(with_target(base, seed, target, time_limit=limit), out_dir / f"{preset}-seed-{seed}"),
                 "time_limit_s": limit,
             },
@@ -61,7 +61,8 @@ def speedup(summary: dict) -> tuple[Optional[float], str]:
     if b["reached"] < b["seeds"]:
         return (
             summary["cap"],
-            f"≥ {summary['cap']:g}x ({b['seeds'] - b['reached']} of {b['seeds']} {summary['preset']} runs not reached by {summary['cap']:g}x the recipe's time)",
+            f"≥ {summary['cap']:g}x ({b['seeds'] - b['reached']} of {b['seeds']} {summary['preset']} runs not "
+            f"reached by {summary['cap']:g}x the recipe's time)",
         )
     ratio = b["mean_s"] / a["mean_s"]
     return ratio, f"{ratio:.2f}x"
@@ -106,7 +107,8 @@ def to_markdown(summary: dict) -> str:
     for name, s in (("recipe", summary["recipe_summary"]), (summary["preset"], summary["preset_summary"])):
         if s["reached"]:
             lines.append(
-                f"- {name}: reached {s['reached']}/{s['seeds']}, {s['mean_s']:.1f} ± {s['std_s']:.1f} s to {summary['target']:g}"
+                f"- {name}: reached {s['reached']}/{s['seeds']}, {s['mean_s']:.1f} ± {s['std_s']:.1f} s to "
+                f"{summary['target']:g}"
             )
         else:
             lines.append(f"- {name}: reached 0/{s['seeds']}")

@@ -26,7 +26,8 @@ class TrainSettings(Strict):
     momentum: float = Field(0.9, ge=0, lt=1)
     schedule: Literal["onecycle", "cosine", "constant", "step"] = Field(
         "onecycle",
-        description="onecycle: linear up over warmup_epochs then linear down (triangular); step: x0.1 at 1/2 and 3/4 of the epochs",
+        description="onecycle: linear up over warmup_epochs then linear down (triangular); step: x0.1 at 1/2 and 3/4 "
+        "of the epochs",
     )
     warmup_epochs: float = Field(1.0, ge=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)

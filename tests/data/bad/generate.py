@@ -79,7 +79,10 @@ def _video(frames: int = 16, size=(64, 48), faststart: bool = False, audio_only:
 def _ply(n: int, declared: int | None = None, binary: bool = False) -> bytes:
     pts = RNG.random((n, 3)).astype(np.float32)
     fmt = "binary_little_endian 1.0" if binary else "ascii 1.0"
-    head = f"ply\nformat {fmt}\nelement vertex {declared or n}\nproperty float x\nproperty float y\nproperty float z\nend_header\n"
+    head = (
+        f"ply\nformat {fmt}\nelement vertex {declared or n}\nproperty float x\nproperty float y\nproperty float "
+        "z\nend_header\n"
+    )
     body = pts.tobytes() if binary else "".join(f"{x} {y} {z}\n" for x, y, z in pts).encode()
     return head.encode() + body
 
