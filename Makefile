@@ -83,8 +83,9 @@ bench-video: $(STAMP)
 	$(BIN)/effvision compress compress/video-default.yaml --run-dir runs/video-default
 	$(BIN)/effvision train compress/video-default.yaml --set data.num_frames=1 --run-dir runs/video-single-frame
 
-# Points: the loader and FPS (ours = open3d's, against a NumPy loop) on the real clouds and the
-# generated shapes' cached training loader, then the point-cloud demo (BENCHMARKS.md).
+# Points: the loader (read, normalise, FPS by open3d) on the real clouds, the torch FPS loop that
+# PointNet++ runs inside the network against open3d's, side by side, and the generated shapes'
+# cached training loader; then the point-cloud demo (BENCHMARKS.md).
 bench-points: $(STAMP)
 	$(BIN)/python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024 --rounds 3 --dataset synthetic-shapes --json runs/point-loader.json
 	$(BIN)/effvision compress compress/points-default.yaml --run-dir runs/points-default

@@ -14,7 +14,7 @@ def __getattr__(name):
         "list_models": "models",
         "load_checkpoint": "models",
         "load_dataset": "data",
-        "load_recipe": "recipe",
+        "load_recipe": "stages",
         "run_pipeline": "pipeline",
         "export": "deploy",
         "benchmark": "deploy",

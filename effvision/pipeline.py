@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 
+from . import stages as _stages  # noqa: F401  (registers every stage type before a run)
 from . import yamlio
 from .device import resolve_device
 from .errors import EffvisionError
@@ -21,7 +22,7 @@ from .fileio import read_json, write_json, write_text
 from .progress import log
 from .recipe import Recipe, recipe_to_dict
 from .registry import STAGES
-from .runlock import run_lock
+from .runlock import private_run_dir, run_lock
 from .stage import StageResult
 
 INIT_DIR = "0-init"
@@ -244,8 +245,6 @@ class RunContext:
 def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: set[str] | None = None) -> dict:
     """Run (or resume) a recipe into run_dir (default runs/<recipe.name>); returns report.json.
     In a multi-process (torchrun) job every process runs the stages; rank 0 alone writes run_dir."""
-    from .train.distributed import private_run_dir
-
     with private_run_dir(Path(run_dir or Path("runs") / recipe.name)) as own_dir, run_lock(own_dir):
         return _run_stages(recipe, own_dir, only_types)
 

@@ -204,8 +204,9 @@ def validate_stage(raw: Any, index: int, source: str) -> StageConfig:
 
 def validate_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
     """Turn a raw mapping into a Recipe whose stages are each their own typed config."""
-    from . import stages as _stages  # noqa: F401  (registers the stage types)
-
+    if not STAGES.names():
+        # The stage modules sit above this one and register themselves when imported.
+        raise RuntimeError("no stage types are registered: import effvision.stages before validating a recipe")
     if not isinstance(raw, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping")
     try:

@@ -1,5 +1,12 @@
-"""Imports every module that registers a stage type, so STAGES is complete once this is imported."""
+"""Every stage type, registered: importing this module fills STAGES (the pipeline and the CLI do).
 
-from .compress import stages as _compress  # noqa: F401
-from .deploy import stages as _deploy  # noqa: F401
-from .train import stage as _train  # noqa: F401
+Recipe validation asks STAGES for each stage's config, so a recipe is loaded through here
+(`effvision.load_recipe` is this module's): the stage modules sit above effvision.recipe, and
+only a module at their level may import them."""
+
+from .compress import stages as _compress  # noqa: F401  (registers select, prune, distill, quantize)
+from .deploy import stages as _deploy  # noqa: F401  (registers export, evaluate, bench)
+from .recipe import load_recipe, validate_recipe
+from .train import stage as _train  # noqa: F401  (registers train)
+
+__all__ = ["load_recipe", "validate_recipe"]

@@ -13,6 +13,8 @@ from PIL import Image
 os.environ["EFFVISION_QUIET"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+import effvision.stages  # noqa: E402, F401  (registers every stage type, as the pipeline and the CLI do)
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared (real test data) is not present")
 

@@ -6,9 +6,9 @@ import torch
 from effvision.compress import prune
 from effvision.errors import EffvisionError
 from effvision.models import count_macs, count_params, create_model, list_models, load_checkpoint, save_checkpoint
-from effvision.models.conformance import STEPS, run_conformance
 from effvision.models.zoo import list_cards
 from effvision.registry import MODELS
+from effvision.zoo.conformance import STEPS, run_conformance
 
 NAMES = MODELS.names() + [c.name for c in list_cards()] + ["timm:resnet10t", "torchvision:mobilenet_v3_small"]
 VIDEO = {n for n in MODELS.names() if getattr(MODELS.get(n), "modality", "image") == "video"} | {

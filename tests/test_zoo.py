@@ -124,9 +124,9 @@ def test_pretrained_zoo_without_weights_is_a_clear_error():
 
 def test_publish_round_trip_and_tampered_weights(own_models, tmp_path):
     """A run's stage becomes the card's trained weights; re-scoring them gives the run's accuracy."""
-    from effvision.models.publish import append_trained_block, publish, score_trained
     from effvision.pipeline import run_pipeline
     from effvision.recipe import validate_recipe
+    from effvision.zoo.publish import append_trained_block, publish, score_trained
 
     (own_models / "tiny_resnet8.digits.yaml").write_text(
         "name: tiny_resnet8.digits\narch: cifar_resnet8\nnum_classes: 10\ninput_size: [3, 32, 32]\nkwargs: {width: "
@@ -176,7 +176,7 @@ TRAINED = [c for c in list_cards() if c.trained is not None]
     ids=lambda c: c.name,
 )
 def test_trained_cards_score_what_they_claim(card):
-    from effvision.models.publish import score_trained
+    from effvision.zoo.publish import score_trained
 
     overrides = _root_for(card)
     if overrides is None:
@@ -188,7 +188,7 @@ def test_trained_cards_score_what_they_claim(card):
 def test_zoo_compat_writes_the_table(tmp_path, capsys):
     import json
 
-    from effvision.models.conformance import STEPS
+    from effvision.zoo.conformance import STEPS
 
     out = tmp_path / "compat.md"
     assert main(["zoo", "compat", "--models", "mobilenetv3_small_050", "--size", "32", "--out", str(out)]) == 0

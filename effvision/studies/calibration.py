@@ -17,7 +17,7 @@ from ..deploy import evaluate
 from ..errors import EffvisionError
 from ..fileio import read_json
 from ..progress import log
-from ..recipe import load_recipe
+from ..stages import load_recipe
 from .common import Rows, markdown_table, mean_std
 
 

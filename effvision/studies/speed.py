@@ -10,9 +10,9 @@ from typing import Optional
 
 from ..errors import EffvisionError
 from ..fileio import write_text
-from ..recipe import load_recipe
-from ..train.time_to_accuracy import check_target, summarise, train_row, with_target
+from ..stages import load_recipe
 from .common import Rows, markdown_table
+from .time_to_accuracy import check_target, summarise, train_row, with_target
 
 
 def speed_study(

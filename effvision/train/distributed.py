@@ -9,13 +9,8 @@ machine; a multi-node job is started by torchrun directly (README), and effvisio
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -107,24 +102,3 @@ def max_param_difference(model: torch.nn.Module) -> float:
     diff = (flat - ref).abs().max()
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     return float(diff)
-
-
-@contextmanager
-def private_run_dir(run_dir: Path) -> Iterator[Path]:
-    """Rank 0 works in run_dir; every other rank works in a private copy taken before rank 0
-    writes anything (so all ranks resume the same stages) and thrown away afterwards."""
-    if world() == 1:
-        yield run_dir
-        return
-    if rank() == 0:
-        dist.barrier()
-        yield run_dir
-        return
-    shadow = Path(tempfile.mkdtemp(prefix=f"effvision-rank{rank()}-"))
-    try:
-        if run_dir.is_dir():
-            shutil.copytree(run_dir, shadow, dirs_exist_ok=True)
-        dist.barrier()
-        yield shadow
-    finally:
-        shutil.rmtree(shadow, ignore_errors=True)

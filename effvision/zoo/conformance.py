@@ -87,8 +87,8 @@ def run_conformance(
     from ..compress.quantize import quantize_onnx
     from ..deploy import export_onnx
     from ..deploy.runtime import ort_session, run_session
-    from .factory import create_model
-    from .profile import count_macs, count_params
+    from ..models.factory import create_model
+    from ..models.profile import count_macs, count_params
 
     result = Conformance(name, list(input_size))
     start = time.perf_counter()

@@ -29,9 +29,9 @@ def publish(run_dir: str | Path, stage: str, card_name: str | None = None) -> tu
     from safetensors.torch import save_file
 
     from ..models import build, load_checkpoint, resolve
+    from ..models.hub import sha256_of
+    from ..models.zoo import get_card
     from ..paths import card_files
-    from .hub import sha256_of
-    from .zoo import get_card
 
     run_dir = Path(run_dir)
     if not (run_dir / "report.json").is_file():
@@ -93,8 +93,8 @@ def score_trained(card, overrides: list[str] | None = None) -> float:
     rebuilt the way the recipe built it: what the card's `accuracy` claims, measured again."""
     from ..data import load_dataset
     from ..evaluate import accuracy, torch_predictor
-    from ..recipe import load_recipe
-    from .factory import create_model
+    from ..models.factory import create_model
+    from ..stages import load_recipe
 
     if card.trained is None:
         raise EffvisionError(f"card {card.name} has no trained weights")

@@ -82,9 +82,9 @@ def plain_torch_pruning_error(name: str, size: int, num_classes: int, ratio: flo
     import torch
     import torch_pruning as tp
 
-    from .adapters import classifier_of
+    from ..models.adapters import classifier_of
+    from ..models.factory import create_model
     from .conformance import _one_line
-    from .factory import create_model
 
     model = create_model(f"timm:{name}", num_classes=num_classes, input_size=[3, size, size]).eval()
     x = torch.randn(1, 3, size, size)
@@ -107,8 +107,8 @@ def export_unpruned_error(name: str, size: int, num_classes: int) -> str | None:
     import tempfile
 
     from ..deploy import export_onnx
+    from ..models.factory import create_model
     from .conformance import _one_line
-    from .factory import create_model
 
     model = create_model(f"timm:{name}", num_classes=num_classes, input_size=[3, size, size])
     with tempfile.TemporaryDirectory() as tmp:

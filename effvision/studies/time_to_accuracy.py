@@ -80,7 +80,7 @@ def run_seeds(
 ) -> dict:
     """Train once per seed (recipe.seed, +1, ...) into run_dir (one seed) or run_dir/seed-<s>."""
     from ..fileio import write_json
-    from . import distributed
+    from ..train import distributed
 
     check_target(target)
     rows = []

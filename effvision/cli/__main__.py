@@ -1,0 +1,5 @@
+"""`python -m effvision.cli` (how torchrun relaunches `effvision train --nproc N`)."""
+
+from .main import entry
+
+entry()

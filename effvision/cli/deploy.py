@@ -1,0 +1,203 @@
+"""`effvision export` and `effvision bench`: verified exports and the one benchmark harness."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import EffvisionError
+from .common import csv, out, table
+
+
+def _load_model(spec: str, num_classes: Optional[int]):
+    """A checkpoint file written by effvision, or a model name (random weights)."""
+    from ..models import create_model, load_checkpoint
+
+    if spec.endswith((".pt", ".pth", ".safetensors")) or os.sep in spec:
+        return load_checkpoint(spec)
+    return create_model(spec, num_classes=num_classes).eval()
+
+
+def _export_data(net, data: Optional[str], data_root: Optional[str]):
+    """The dataset that verifies (and calibrates) an export: --data, else the one the checkpoint
+    was trained on, else digits; it must fit the model."""
+    from ..data import load_dataset
+    from ..recipe import DataConfig
+
+    trained_on = net.effvision_spec.get("data")
+    if data is None and trained_on:
+        cfg = DataConfig(
+            name=trained_on["name"], root=data_root or trained_on["root"], image_size=trained_on["image_size"]
+        )
+    else:
+        cfg = DataConfig(name=data or "digits", root=data_root)
+    bundle = load_dataset(cfg)
+    spec = net.effvision_spec
+    if list(bundle.input_size) != list(spec["input_size"]) or bundle.num_classes != spec["num_classes"]:
+        raise EffvisionError(
+            f"--data {cfg.name} ({bundle.num_classes} classes, input {bundle.input_size}) does not fit the model "
+            f"({spec['num_classes']} classes, input {spec['input_size']}); pass --data"
+        )
+    return bundle
+
+
+def export(
+    model: str = typer.Argument(..., help="An effvision checkpoint (model.pt) or a model name."),
+    format: str = typer.Option(
+        "onnx", "--format", help="onnx (fp32, fp16, int8) or executorch (fp32, int8; XNNPACK, needs the [edge] extra)."
+    ),
+    precision: str = typer.Option("fp32", help="fp32, fp16 or int8 (static, calibrated on --data)."),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Output file (default model.onnx / model.pte)."),
+    data: Optional[str] = typer.Option(
+        None,
+        help="Dataset card for the parity check and int8 calibration (default: the one the checkpoint was trained "
+        "on, else digits).",
+    ),
+    data_root: Optional[str] = typer.Option(None, help="data.root for that dataset."),
+    calibration_samples: int = typer.Option(256, help="Samples for int8 calibration."),
+):
+    """Export a model (dynamic batch) and verify it against PyTorch on validation samples; the
+    parity figures are written beside the file as <file>.parity.json."""
+    import torch
+
+    from ..compress.selection import calibration_indices
+    from ..data.selectors import CalibrationConfig
+    from ..deploy import evaluate
+    from ..deploy.exporters import export_verified, get_exporter
+
+    exporter = get_exporter(format, precision)  # unknown format or precision: one line, before any work
+    net = _load_model(model, None)
+    bundle = _export_data(net, data, data_root)
+    out_file = out_file or Path("model" + exporter.suffix)
+    # The quantize stage's calibration path: class-balanced training samples, eval transforms.
+    calib = bundle.train_eval_loader(
+        calibration_indices(bundle, CalibrationConfig(n=calibration_samples), net, torch.device("cpu")), batch_size=32
+    )
+    path, figures = export_verified(
+        net, format, precision, out_file, net.effvision_spec["input_size"], calib, bundle.val_loader(), data=bundle.name
+    )
+    figures["accuracy"] = evaluate(path, bundle.val_loader())
+    from ..deploy.exporters import parity_path
+    from ..fileio import write_json
+
+    write_json(parity_path(path), figures)
+    out.print(json.dumps(figures, indent=2))
+
+
+def _print_bench(title: str, rows: list[dict]) -> None:
+    table(
+        title,
+        ["backend", "precision", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s", "% peak", "peak MiB"],
+        [
+            [
+                r["backend"] + (f" ({r['compile_mode']})" if r.get("compile_mode") not in (None, "default") else ""),
+                r["precision"],
+                str(r["batch"]),
+                f"{r['p50']:.3f}",
+                f"{r['p90']:.3f}",
+                f"{r['p99']:.3f}",
+                f"{r['samples_per_s']:.0f}",
+                f"{100 * r['fraction_of_peak']:.1f}" if r.get("fraction_of_peak") is not None else "-",
+                f"{r['peak_memory']['bytes'] / (1 << 20):.0f}",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def bench(
+    artifact: str = typer.Argument(..., help="An .onnx or .pte file, an effvision checkpoint or a model name."),
+    backend: Optional[str] = typer.Option(
+        None, help="Comma list of backends (default: torch-eager,onnxruntime-cpu for a model; by suffix for a file)."
+    ),
+    precision: Optional[str] = typer.Option(
+        None, help="Comma list: fp32, tf32, bf16, fp16, int8, float8 (default fp32; a file runs in its own)."
+    ),
+    batch: str = typer.Option("1,32", help="Comma list of batch sizes (the sweep)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    channels_last: bool = typer.Option(False, "--channels-last", help="NHWC memory format for torch backends."),
+    compile_mode: str = typer.Option(
+        "default", help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune."
+    ),
+    input_size: Optional[str] = typer.Option(None, help="Input C,H,W for a model (default: its own), e.g. 3,224,224."),
+    warmup: int = typer.Option(10, help="Untimed warm-up runs."),
+    repeats: int = typer.Option(50, help="Timed runs per batch size."),
+    threads: Optional[int] = typer.Option(None, help="Intra-op threads (default: all cores)."),
+    roofline: bool = typer.Option(
+        True, help="Measure the device's matmul peak and copy bandwidth and report each run's share."
+    ),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write results.json, results.md and bench.png here."),
+):
+    """Latency p50/p90/p99, throughput, peak memory and share of the device's peak, per backend,
+    precision and batch size, with warm-up and repeats. A model is exported first for backends
+    that run files (int8 calibrated on random inputs: for speed, not accuracy)."""
+    from ..deploy.backends import check_pair
+    from ..deploy.bench import bench_model, benchmark, default_backend
+    from ..deploy.results import write_results
+    from ..deploy.roofline import Roofline
+    from ..device import resolve_device
+    from ..env import collect_env
+    from ..fileio import write_json
+    from ..models import count_macs, input_shape
+
+    dev = resolve_device(device)
+    batches = csv(batch, int)
+    if not batches or min(batches) < 1:
+        raise EffvisionError(f"--batch {batch}: give positive batch sizes")
+    precisions = csv(precision) if precision else None
+    rf = Roofline(dev) if roofline else None
+    kw = dict(
+        batches=batches,
+        device=dev,
+        channels_last=channels_last,
+        compile_mode=compile_mode,
+        warmup=warmup,
+        repeats=repeats,
+        threads=threads,
+        roofline=rf,
+    )
+    if artifact.endswith((".onnx", ".pte")):
+        from ..deploy.runtime import onnx_input_shape, onnx_precision
+
+        if not Path(artifact).is_file():
+            raise EffvisionError(f"file not found: {artifact}")
+        found = onnx_precision(artifact) if artifact.endswith(".onnx") else None
+        backends = csv(backend) if backend else [default_backend(artifact)]
+        precisions = precisions or [found or "fp32"]
+        if artifact.endswith(".onnx"):
+            shape = onnx_input_shape(artifact)
+        else:  # a .pte program runs the one batch size it was exported for
+            from ..deploy.executorch_export import pte_input_shape
+
+            program = pte_input_shape(artifact)
+            shape, kw["batches"] = program[1:], [program[0]]
+        rows = []
+        for b in backends:
+            for p in precisions:
+                check_pair(b, p, dev)
+                if b in ("torch-eager", "torch-compile"):
+                    raise EffvisionError(
+                        f"backend '{b}' runs a torch model: give a checkpoint or a model name, not {artifact}"
+                    )
+                rows += benchmark(artifact, shape, b, p, **kw)
+    else:
+        net = _load_model(artifact, None)
+        shape = csv(input_size, int) if input_size else input_shape(net)
+        backends = csv(backend) if backend else ["torch-eager", "onnxruntime-cpu"]
+        pairs = [(b, p) for b in backends for p in (precisions or ["fp32"])]
+        rows = bench_model(net, shape, pairs, macs=count_macs(net, shape), **kw)
+    _print_bench(f"bench: {artifact} on {dev}", rows)
+    meta = {"artifact": artifact, "input_shape": shape, "roofline": rf.summary() if rf else None, "env": collect_env()}
+    if json_file:
+        write_json(json_file, {**meta, "results": rows})
+    if out_dir:
+        paths = write_results(rows, out_dir, meta, f"effvision bench: {artifact}")
+        out.print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+COMMANDS = [export, bench]  # registered on the root app, in this order
