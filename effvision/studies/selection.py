@@ -172,24 +172,20 @@ def load_signals(path: Path) -> Signals:
 def summarize(rows: list[dict], methods: list[str], budgets: list) -> dict:
     full = [r for r in rows if r["kind"] == "full"]
     scoring = [r for r in rows if r["kind"] == "scoring"]
-    acc = {
-        m: {
-            str(b): mean_std(
-                r["accuracy"] for r in rows if r["kind"] == "subset" and r["method"] == m and r["budget"] == b
-            )
-            for b in budgets
+
+    def per_subset(key: str) -> dict:
+        """mean ± std of a row field over seeds, per selector and budget."""
+        return {
+            m: {
+                str(b): mean_std(
+                    r[key] for r in rows if r["kind"] == "subset" and r["method"] == m and r["budget"] == b
+                )
+                for b in budgets
+            }
+            for m in methods
         }
-        for m in methods
-    }
-    train_s = {
-        m: {
-            str(b): mean_std(
-                r["train_s"] for r in rows if r["kind"] == "subset" and r["method"] == m and r["budget"] == b
-            )
-            for b in budgets
-        }
-        for m in methods
-    }
+
+    acc, train_s = per_subset("accuracy"), per_subset("train_s")
     full_s = mean_std(r["train_s"] for r in full)
     overhead = [
         (s["proxy_train_s"] + s["scoring_s"]) / next(f["train_s"] for f in full if f["seed"] == s["seed"])
