@@ -40,13 +40,33 @@ def test_calibration_methods(trained, method, tmp_path):
     assert agree >= 0.85, f"{method}: int8 agrees with fp32 on only {agree:.2f} of samples"
 
 
-def test_reduce_range_choice_is_boolean_and_explicit_values_work(trained, tmp_path):
+def _int8_weights(path) -> tuple[int, int]:
+    """The smallest and largest value stored in the file's int8 initializers (its quantized weights)."""
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    values = [numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert values, f"{path}: no int8 initializers"
+    return min(int(v.min()) for v in values), max(int(v.max()) for v in values)
+
+
+def test_reduce_range_stores_7_bit_weights_and_auto_follows_the_cpu(trained, tmp_path):
+    from effvision.compress.quantize import resolve_reduce_range
+
     data, fp32 = trained
-    assert isinstance(cpu_has_vnni(), bool)
-    for rr in (True, False):
-        assert quantize_onnx(
-            fp32, tmp_path / f"q{rr}.onnx", data.train_eval_loader(range(32)), reduce_range=rr
-        ).is_file()
+    assert isinstance(cpu_has_vnni(), bool) and resolve_reduce_range("auto") == (not cpu_has_vnni())
+    calib = data.train_eval_loader(range(32))
+    span = {
+        rr: _int8_weights(quantize_onnx(fp32, tmp_path / f"q{rr}.onnx", calib, reduce_range=rr)) for rr in (True, False)
+    }
+    # reduce_range: 7-bit weights (ONNX Runtime's symmetric reduced range is [-64, 64]: two u8 x s8
+    # products then sum within int16, 2 x 255 x 64 < 32767); without it the full int8 range, each
+    # channel's largest weight at +-127
+    assert -64 <= span[True][0] and span[True][1] <= 64, span
+    assert span[False][0] <= -120 and span[False][1] >= 120, span
+    # the default ("auto") stores what this CPU's choice says
+    auto = _int8_weights(quantize_onnx(fp32, tmp_path / "auto.onnx", calib))
+    assert auto == span[resolve_reduce_range("auto")], (auto, span)
 
 
 def test_unknown_calibration_method(trained, tmp_path):

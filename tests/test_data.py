@@ -26,8 +26,17 @@ def test_loaders_apply_transforms():
     b = load_dataset(DataConfig(name="digits", batch_size=16))
     x, y = next(iter(b.train_loader()))
     assert x.shape == (16, 3, 32, 32) and x.dtype == torch.float32 and y.shape == (16,)
-    xv, _ = next(iter(b.val_loader(8)))
-    assert abs(float(xv.mean())) < 1.0
+    xv, yv = next(iter(b.val_loader(8)))
+    # Evaluation is the card's normalisation, (x / 255 - mean) / std per channel, of the raw images
+    # (already at the card's 32 px, so resize and centre crop leave them as they are).
+    raw = torch.stack([b.val[i][0] for i in range(8)]).float() / 255
+    mean, std = torch.tensor(b.card.mean), torch.tensor(b.card.std)
+    assert b.card.mean == [0.30, 0.30, 0.30] and b.card.std == [0.32, 0.32, 0.32]
+    assert yv.tolist() == [b.val[i][1] for i in range(8)]
+    for c, (m, s) in enumerate(zip(b.card.mean, b.card.std, strict=True)):
+        assert float(xv[:, c].mean()) == pytest.approx((float(raw[:, c].mean()) - m) / s, abs=1e-4)
+        assert float(xv[:, c].std()) == pytest.approx(float(raw[:, c].std()) / s, rel=1e-4)
+    assert torch.allclose(xv, (raw - mean[:, None, None]) / std[:, None, None], atol=1e-5)
 
 
 def test_stratified_subset():

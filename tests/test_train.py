@@ -33,13 +33,118 @@ def test_time_to_accuracy_recorded_when_target_reached(small_data):
     assert res2.time_to_accuracy_s is None
 
 
-def test_ema_label_smoothing_channels_last_cosine(small_data):
+def _observe_optimizer(monkeypatch) -> dict:
+    """Record, at every optimizer step of fit(), the lr and the gradient norm the optimizer sees
+    (after clipping) and the weights and buffers it leaves (what the EMA then averages)."""
+    from effvision.train import loop
+
+    seen: dict = {"lr": [], "grad_norm": [], "state": []}
+    make = loop.make_optimizer
+
+    def observed(model, s):
+        opt = make(model, s)
+
+        def before(o, args, kwargs):
+            grads = [p.grad for g in o.param_groups for p in g["params"] if p.grad is not None]
+            seen["lr"].append(o.param_groups[0]["lr"])
+            seen["grad_norm"].append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+        def after(o, args, kwargs):
+            seen["state"].append({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+        opt.register_step_pre_hook(before)
+        opt.register_step_post_hook(after)
+        return opt
+
+    monkeypatch.setattr(loop, "make_optimizer", observed)
+    return seen
+
+
+def test_ema_label_smoothing_channels_last_cosine_and_clipping_do_what_they_say(small_data, monkeypatch):
+    """Each option checked by what it does, not by the accuracy it leaves."""
+    import math
+
+    import torch.nn.functional as F
+
     m = create_model("cifar_resnet8", width=0.25)
     s = TrainSettings(
-        epochs=2, ema=True, ema_decay=0.9, label_smoothing=0.1, channels_last=True, schedule="cosine", grad_clip=1.0
+        epochs=2,
+        lr=0.2,
+        ema=True,
+        ema_decay=0.9,
+        label_smoothing=0.1,
+        channels_last=True,
+        schedule="cosine",
+        grad_clip=1.0,
     )
-    res = fit(m, small_data, s, torch.device("cpu"))
-    assert len(res.history) == 2 and res.accuracy > 0.1
+    seen = _observe_optimizer(monkeypatch)
+    layouts = []
+    conv = m.stages[0].conv1  # an 8-channel input: only channels_last strides pass the check below
+    hook = conv.register_forward_pre_hook(
+        lambda mod, args: (
+            layouts.append(args[0].is_contiguous(memory_format=torch.channels_last)) if mod.training else None
+        )
+    )
+    batches = []
+    res = fit(m, small_data, s, torch.device("cpu"), on_batch=lambda idx, out, y: batches.append((out, y)))
+    hook.remove()
+    steps = len(seen["lr"])
+    per_epoch = steps // s.epochs
+    assert steps == len(batches) == 2 * per_epoch and per_epoch == 400 // 32 and len(res.history) == 2
+
+    # channels_last: the network trained on channels-last activations.
+    assert layouts and all(layouts), layouts
+
+    # Label smoothing: each epoch's loss is (1 - e) * CE(y) + e * mean over classes of -log p, the
+    # formula of Szegedy et al. 2016, measured on the logits the loop trained on; plain CE differs.
+    eps = s.label_smoothing
+    for epoch in range(s.epochs):
+        nll, uniform, n = 0.0, 0.0, 0
+        for out, y in batches[epoch * per_epoch : (epoch + 1) * per_epoch]:
+            logp = F.log_softmax(out.float(), 1)
+            nll += float(-logp.gather(1, y[:, None]).sum())
+            uniform += float(-logp.mean(1).sum())
+            n += len(y)
+        smoothed, plain = ((1 - eps) * nll + eps * uniform) / n, nll / n
+        assert res.history[epoch]["loss"] == pytest.approx(smoothed, rel=1e-5), (epoch, smoothed, plain)
+        assert abs(smoothed - plain) > 1e-3 * plain  # so matching at 1e-5 tells the two apart
+
+    # Cosine schedule: linear warm-up over warmup_epochs, then lr/2 * (1 + cos(pi * t / T)).
+    warm, total = int(s.warmup_epochs * per_epoch), steps
+
+    def cosine(t: int) -> float:
+        if t < warm:
+            return s.lr * (t + 1) / warm
+        return s.lr * 0.5 * (1 + math.cos(math.pi * (t - warm) / (total - warm)))
+
+    assert seen["lr"] == pytest.approx([cosine(t) for t in range(steps)], rel=1e-6, abs=1e-12)
+    mid = warm + (total - warm) // 2
+    assert seen["lr"][warm] == pytest.approx(s.lr) and seen["lr"][mid] == pytest.approx(s.lr / 2, rel=0.15)
+
+    # Gradient clipping: the optimizer never sees a norm above grad_clip, and clipping engaged
+    # (norms pinned at the bound, which an unclipped norm would hit only by chance).
+    assert max(seen["grad_norm"]) <= s.grad_clip * (1 + 1e-5), seen["grad_norm"]
+    assert sum(abs(g - s.grad_clip) < 1e-4 for g in seen["grad_norm"]) >= 3, seen["grad_norm"]
+
+    # EMA: the model fit() returns holds the exponential average of the weights after every step,
+    # decay warmed up as 1 - (1 + t)^(-2/3) capped at ema_decay (t = 0: a copy); not the raw weights.
+    ema = None
+    for t, state in enumerate(seen["state"]):
+        d = 0.0 if t == 0 else min(s.ema_decay, 1 - (1 + t) ** (-2 / 3))
+        if ema is None:
+            ema = {k: v.clone() for k, v in state.items()}
+        for k, v in state.items():
+            if v.is_floating_point():
+                ema[k] = d * ema[k] + (1 - d) * v
+            else:
+                ema[k] = v.clone()
+    final, raw = m.state_dict(), seen["state"][-1]
+    for k in final:
+        assert torch.allclose(final[k].float(), ema[k].float(), rtol=1e-4, atol=1e-6), (
+            f"{k}: differs from the hand-computed EMA by {float((final[k].float() - ema[k].float()).abs().max()):.3g}"
+        )
+    apart = max(float((final[k] - raw[k]).abs().max()) for k in final if final[k].is_floating_point())
+    assert apart > 1e-3, "the EMA weights should differ from the last raw weights"
 
 
 def test_schedules_warm_up_then_decay():
@@ -64,20 +169,66 @@ def test_distill_loss_is_zero_soft_term_when_student_matches_teacher():
     assert same.shape == (8,) and float(same.max()) < 1e-6 < float(diff.mean())
 
 
+def _kl_to_teacher(teacher, student, loader, temperature: float) -> tuple[float, float]:
+    """Mean KL(teacher_T || student_T) over the samples, and the top-1 agreement of the two."""
+    import torch.nn.functional as F
+
+    kl, agree, n = 0.0, 0, 0
+    with torch.no_grad():
+        for x, _ in loader:
+            t, s = teacher.eval()(x), student.eval()(x)
+            kl += float(
+                F.kl_div(
+                    F.log_softmax(s / temperature, 1),
+                    F.log_softmax(t / temperature, 1),
+                    log_target=True,
+                    reduction="sum",
+                )
+            )
+            agree += int((t.argmax(1) == s.argmax(1)).sum())
+            n += len(x)
+    return kl / n, agree / n
+
+
+class _Shifted(torch.nn.Module):
+    """A teacher that disagrees with the labels: a trained net's logits with every class moved
+    one place on. Plain training on the labels cannot drift toward it; only distillation can."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x).roll(1, 1)
+
+
 def test_distillation_moves_student_toward_teacher(small_data):
-    teacher = create_model("cifar_resnet8", width=0.5)
-    fit(teacher, small_data, TrainSettings(epochs=3, lr=0.1), torch.device("cpu"))
-    student = create_model("cifar_resnet8", width=0.25)
-    res = fit(
-        student,
-        small_data,
-        TrainSettings(epochs=3, lr=0.1),
-        torch.device("cpu"),
-        teacher=teacher,
-        temperature=4.0,
-        alpha=0.9,
+    """The same student, from the same initialisation and seed, trained plainly and distilled:
+    the distilled one ends far closer to the teacher. Both figures come from one run and are
+    compared with each other, not with an absolute accuracy (a threshold near kernel rounding
+    failed on AVX-512 CPUs). Measured under ATEN_CPU_CAPABILITY=default / avx2: KL ratio
+    0.16 / 0.18 (bound 0.5), top-1 agreement with the teacher 0.54 / 0.49 against 0.07 / 0.02."""
+    import copy
+
+    torch.manual_seed(0)  # independent of the tests run before this one
+    net = create_model("cifar_resnet8", width=0.5)
+    fit(net, small_data, TrainSettings(epochs=4, optimizer="adamw", lr=3e-3), torch.device("cpu"))
+    teacher = _Shifted(net).eval()
+    torch.manual_seed(1)
+    start = create_model("cifar_resnet8", width=0.5)
+    plain, distilled = copy.deepcopy(start), copy.deepcopy(start)
+    settings = TrainSettings(epochs=3, optimizer="adamw", lr=3e-3)
+    fit(plain, small_data, settings, torch.device("cpu"))
+    res = fit(distilled, small_data, settings, torch.device("cpu"), teacher=teacher, temperature=4.0, alpha=0.9)
+    assert res.history[-1]["loss"] < res.history[0]["loss"]
+    kl_plain, agree_plain = _kl_to_teacher(teacher, plain, small_data.val_loader(), 4.0)
+    kl_distilled, agree_distilled = _kl_to_teacher(teacher, distilled, small_data.val_loader(), 4.0)
+    figures = (
+        f"KL(teacher || student) at T=4: distilled {kl_distilled:.4f}, plain {kl_plain:.4f} "
+        f"(ratio {kl_distilled / kl_plain:.2f}); top-1 agreement with the teacher {agree_distilled:.2f} vs "
+        f"{agree_plain:.2f}"
     )
-    assert res.history[-1]["loss"] < res.history[0]["loss"] and res.accuracy > 0.2
+    assert kl_distilled < 0.5 * kl_plain and agree_distilled > agree_plain + 0.2, figures
 
 
 @pytest.mark.parametrize("epochs,steps", [(1, 1), (2, 1), (3, 1), (1, 4), (2, 2)])
