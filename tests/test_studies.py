@@ -85,17 +85,26 @@ def test_calibration_study_compares_selectors_on_a_run(tmp_path):
     from effvision.pipeline import run_pipeline
     from effvision.studies.calibration import calibration_study
 
+    # five epochs (one left the net at chance, 0.10, where a broken int8 file scores the same)
     recipe = validate_recipe(
         tiny_recipe(
             stages=[
-                {"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3},
+                {"name": "baseline", "type": "train", "epochs": 5, "optimizer": "adamw", "lr": 3e-3},
                 {"type": "export"},
             ]
         )
     )
-    run_pipeline(recipe, tmp_path / "run")
+    report = run_pipeline(recipe, tmp_path / "run")
     summary = calibration_study(tmp_path / "run", ["random", "kcenter"], 16, 2, tmp_path / "out", torch.device("cpu"))
     assert set(summary["int8"]) == {"random", "kcenter"} and all(len(v) == 2 for v in summary["per_seed"].values())
-    assert 0 < summary["fp32"] <= 1 and "kcenter 16" in (tmp_path / "out/calibration.md").read_text()
+    assert "kcenter 16" in (tmp_path / "out/calibration.md").read_text()
+    # fp32 is the run's exported file, well above chance (measured 0.73); every int8 file is a real
+    # measurement close to it (measured 0.73-0.75) and the selectors and seeds differ modestly
+    # (measured spread 0.02). Zeroed int8 weights or garbage calibration fall to chance, 0.10.
+    fp32 = summary["fp32"]
+    assert fp32 == report["stages"][-1]["accuracy"] and fp32 >= 0.4, fp32
+    int8 = [a for accs in summary["per_seed"].values() for a in accs]
+    assert all(0 <= a <= 1 and abs(a - fp32) <= 0.1 for a in int8), (fp32, summary["per_seed"])
+    assert max(int8) - min(int8) <= 0.1 and all(sd <= 0.05 for _, sd in summary["int8"].values()), summary["int8"]
     with pytest.raises(EffvisionError, match="did you mean 'kcenter'"):
         calibration_study(tmp_path / "run", ["kcentr"], 16, 1, tmp_path / "o2", torch.device("cpu"))

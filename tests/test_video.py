@@ -233,6 +233,19 @@ def test_pruning_keeps_each_channels_shift_direction():
     assert model(torch.randn(2, 3, 4, 32, 32)).shape == (2, 4)
 
 
+def _int8_against_fp32(fp32, int8, loader) -> tuple[float, float]:
+    """Top-1 agreement of an int8 ONNX file with the fp32 one it was quantized from, and the
+    relative error of its logits' variation from sample to sample (each class's mean over the
+    samples removed): 0 when int8 follows fp32 exactly, 1 when its output ignores the input (zeroed
+    weights, ranges from garbage calibration), 1 or more for an unrelated model."""
+    from effvision.deploy.runtime import onnx_predictor
+
+    f, q = onnx_predictor(fp32), onnx_predictor(int8)
+    a, b = (np.concatenate([p(x.numpy()) for x, *_ in loader]) for p in (f, q))
+    da, db = a - a.mean(0), b - b.mean(0)
+    return float((a.argmax(1) == b.argmax(1)).mean()), float(np.linalg.norm(db - da) / np.linalg.norm(da))
+
+
 VIDEO_MODELS = [
     "tsm_resnet8_050.synthetic_motion",
     "tsm_mobilenetv3_small_100",
@@ -261,12 +274,19 @@ def test_video_model_quantizes_to_int8(name, tmp_path, monkeypatch):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
+    torch.manual_seed(0)
     shape = [3, 4, 32, 32]
     model = create_model(name, num_classes=5, input_size=shape).eval()
     onnx_file = export_onnx(model, tmp_path / "m.onnx", shape)
     int8 = quantize_onnx(onnx_file, tmp_path / "m.int8.onnx", [(torch.randn(2, *shape), None)])
-    out = onnx_predictor(int8)(torch.randn(3, *shape).numpy())
-    assert out.shape == (3, 5) and np.isfinite(out).all() and not list(cwd.iterdir())
+    clips = torch.randn(8, *shape)
+    out = onnx_predictor(int8)(clips.numpy())
+    # The untrained nets give one class for every clip, so top-1 cannot tell a broken int8 file;
+    # the logits can. Measured (7-bit weights, no VNNI): error 0.10-0.51 over the seven models
+    # (0.18-0.35 over six seeds of the compact TSM); zeroed int8 weights or garbage ranges: 1.0.
+    _, err = _int8_against_fp32(onnx_file, int8, [(clips,)])
+    assert err <= 0.75, f"{name}: int8 logits stray from fp32's (relative error {err:.2f})"
+    assert out.shape == (8, 5) and np.isfinite(out).all() and not list(cwd.iterdir())
 
 
 def test_single_frame_model_is_the_same_backbone_with_one_frame():
@@ -365,6 +385,7 @@ def test_labelled_shared_clips_train_one_epoch(tmp_path, monkeypatch):
 
 def test_video_recipe_runs_every_stage(tmp_path, monkeypatch):
     """The whole pipeline on a few generated clips: train, prune, distill, export, int8, views, bench."""
+    from effvision.data import load_dataset
     from effvision.data.cards import get_card
     from effvision.pipeline import run_pipeline
     from effvision.recipe import validate_recipe
@@ -397,9 +418,21 @@ def test_video_recipe_runs_every_stage(tmp_path, monkeypatch):
     report = run_pipeline(recipe, tmp_path / "run")
     stages = {s["name"]: s for s in report["stages"]}
     assert report["dataset"]["modality"] == "video" and report["dataset"]["train_size"] == 18
-    assert (
-        stages["quantize"]["evaluated_with"] == "onnxruntime" and stages["prune"]["macs"] < stages["baseline"]["macs"]
+    assert stages["prune"]["macs"] < stages["baseline"]["macs"]
+    # int8 against the fp32 file it was quantized from, both run in ONNX Runtime on the 12 val clips
+    fp32, int8 = stages["export"], stages["quantize"]
+    assert fp32["evaluated_with"] == int8["evaluated_with"] == "onnxruntime"
+    assert int8["fp32_onnx_bytes"] == fp32["size_bytes"]
+    assert abs(int8["accuracy"] - fp32["accuracy"]) <= 2 / 12 + 1e-9, (int8["accuracy"], fp32["accuracy"])
+    # One epoch leaves the net at chance (1/6, one class for every clip), so accuracy cannot tell a
+    # broken quantizer; the logits can. Measured (7-bit weights, no VNNI): agreement 1.0, error
+    # 0.06; zeroed int8 weights or garbage calibration: error 1.0.
+    agree, err = _int8_against_fp32(
+        tmp_path / "run/stages/4-export/model.onnx",
+        tmp_path / "run/stages/5-quantize/model.onnx",
+        load_dataset(recipe.data).val_loader(),
     )
+    assert agree >= 0.75 and err <= 0.6, f"int8 vs fp32: top-1 agreement {agree:.2f}, logit error {err:.2f}"
     views = stages["evaluate"]
     assert (
         views["views"] == 6
