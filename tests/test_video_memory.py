@@ -22,6 +22,10 @@ READS, WARMUP, SIZE = 300, 50, 64
 # are larger) would add about 24 MiB over the 250 reads after warm-up. The measured growth is
 # under 1 MiB.
 BOUND_MIB = 8.0
+# The real clips, read late in a full test session, still moved 8.6 MiB over the measured passes
+# once (allocator pools; flat again the next pass). A clip kept per read grows the same measurement
+# by 36.6 MiB (measured with FrameSampler.clip patched to keep every clip), so 16 MiB still catches it.
+SHARED_BOUND_MIB = 16.0
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +84,7 @@ def test_shared_clips_read_without_growth():
     files = sorted(p for p in (SHARED / "testdata/videos").rglob("*") if p.is_file())
     ds = VideoDataset([(p, 0) for p in files], ["clip"], get_sampler("tsn", 8), 112, train=True, backend="auto")
     r = rss_over_reads(ds, 10 * len(files), every=len(files), warmup=5 * len(files))
-    assert r["skipped"] == 0 and r["growth_mib"] < BOUND_MIB, r["rss_mib"]
+    assert r["skipped"] == 0 and r["growth_mib"] < SHARED_BOUND_MIB, r["rss_mib"]
 
 
 class _MallInfo2(ctypes.Structure):
