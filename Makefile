@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo lint format test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu gpu-bench gpu-speedrun gpu-data gpu-wheels sysdeps clean help
+.PHONY: install demo lint format test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu gpu-bench gpu-speedrun gpu-data gpu-wheels gpu-rehearse sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
@@ -23,10 +23,11 @@ help:
 	@echo "make bench-data  - data efficiency studies: CIFAR-10 selection and compression, digits calibration sets (BENCHMARKS.md)"
 	@echo "make bench-speed - time to 80% on CIFAR-10: the speed recipe against its plain preset, 2 seeds (BENCHMARKS.md), about 55 min on 2 cores"
 	@echo "make bench-cpu   - the CPU deployment benchmark (BENCHMARKS.md), about 30 min on 2 cores"
-	@echo "make gpu-bench   - the GPU deployment benchmark on one CUDA GPU, under 8 min (--out: \$$OUT or runs/bench-gpu)"
-	@echo "make gpu-speedrun - the speed recipe's h200 preset to 94% on one CUDA GPU, 3 seeds (CIFAR-10 zips under .data/cifar10: make gpu-data)"
-	@echo "make gpu-data    - copy the CIFAR-10 zips from ../shared/datasets into .data/cifar10 (git-ignored) for a GPU machine"
-	@echo "make gpu-wheels  - fetch the wheels gpu-bench installs on a machine without a package registry"
+	@echo "make gpu-bench   - on a GPU machine: the GPU deployment suite, 330 s budget, results in \$$OUT (BENCHMARKS.md, GPU plan)"
+	@echo "make gpu-speedrun - on a GPU machine: the speed recipe's h200 preset to 94%, 3 seeds, 220 s budget"
+	@echo "make gpu-data    - xz the CIFAR-10 zips from ../shared/datasets into .data/cifar10-xz (about 19 MiB) for the speed run"
+	@echo "make gpu-wheels  - fetch the cp312 wheels both GPU commands install on a machine without a package registry"
+	@echo "make gpu-rehearse - rehearse both GPU commands on the CPU, as that machine imports, against the fetched wheels"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -118,36 +119,35 @@ bench-cpu: $(STAMP)
 	EFFVISION_QUIET=1 $(BIN)/python -m effvision.deploy.suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test \
 	  --weights resnet18=$(R18_RUN)/stages/2-finetune/model.pt
 
-# The GPU deployment benchmark, for a machine with one CUDA GPU whose own python3 already has
-# torch, torchvision, timm, onnx and onnxruntime but no package registry: what it lacks installs
-# from .whl/ (fetched here by `make gpu-wheels`). A pruned + distilled checkpoint from a pipeline
-# run is used when present (VARIANT=path); otherwise that row is the pruned structure, untrained.
+# The GPU plan (BENCHMARKS.md, "GPU plan"): two commands for a lent machine with one CUDA GPU, its
+# own python3 and no package registry. effvision/gpu_plan.py holds what each needs and carries, a
+# preflight (milliseconds) that names anything missing, and the budgets; the suite writes its
+# table after every cell and stops cleanly on SIGTERM or at its budget. Here: `make gpu-wheels`
+# and `make gpu-data` once, `make gpu-rehearse` to rehearse both commands on the CPU.
 GPU_PYTHON ?= python3
-GPU_SITE ?= /tmp/effvision-gpu-site
-VARIANT ?= $(wildcard $(R18_RUN)/stages/4-distill/model.pt)
-GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 torch-pruning==1.6.1 torchao==0.18.0
 gpu-bench:
-	@if ls .whl/*.whl >/dev/null 2>&1; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl; fi
-	PYTHONPATH=$(GPU_SITE):$(CURDIR) HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(GPU_PYTHON) -m effvision.deploy.suite gpu --budget 360 \
-	  $(if $(VARIANT),--weights resnet18-pruned-distilled=$(VARIANT)) $(if $(OUT),--out $(OUT))
+	$(GPU_PYTHON) -m effvision.gpu_plan bench $(if $(OUT),--out $(OUT))
 
-# The speed recipe on one GPU, to 94% (airbench's target). The GPU machine cannot see ../shared:
-# `make gpu-data` copies the two zips (about 60 MiB) into .data/cifar10, which travels with the
-# tree; with the 6 MiB of .whl/ it is just over a 64 MiB transfer limit, so carry only the
-# pydantic wheels with it (the speed run needs neither torchao nor torch-pruning).
 gpu-speedrun:
-	@if ls .whl/*.whl >/dev/null 2>&1; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl; fi
-	PYTHONPATH=$(GPU_SITE):$(CURDIR) HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(GPU_PYTHON) -m effvision.cli train compress/cifar10-speedrun.yaml --preset h200 \
-	  --set data.root=.data/cifar10 --target-accuracy 0.94 --seeds 3 --run-dir $(if $(OUT),$(OUT),runs)/speedrun-h200
+	$(GPU_PYTHON) -m effvision.gpu_plan speed $(if $(OUT),--out $(OUT))
 
-gpu-data:
-	mkdir -p .data/cifar10 && cp ../shared/datasets/cifar10-jpeg-train.zip ../shared/datasets/cifar10-jpeg-test.zip .data/cifar10/
+# The CIFAR-10 zips, xz-compressed to about 19 MiB so that they travel with the tree (64 MiB at most).
+GPU_DATA_SRC ?= ../shared/datasets
+gpu-data: $(STAMP)
+	$(BIN)/python -m effvision.gpu_plan pack-data $(GPU_DATA_SRC)
 
-gpu-wheels:
+# cp312 wheels of what the GPU machine lacks (the list and pins: effvision/gpu_plan.py WHEELS).
+gpu-wheels: $(STAMP)
 	rm -rf .whl && mkdir -p .whl
-	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS) 2>&1 | $(PIP_FILTER)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+	  $$($(BIN)/python -m effvision.gpu_plan wheels) 2>&1 | $(PIP_FILTER)
 	@ls .whl
+
+# The rehearsal of both commands on the CPU, in a Python that imports like the GPU machine's,
+# against the fetched wheels too (`make test` runs it without them).
+gpu-rehearse: gpu-wheels
+	HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(BIN)/python -m pytest tests/test_gpu_plan.py
 
 clean:
 	rm -rf runs .pytest_cache

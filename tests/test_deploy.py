@@ -558,20 +558,24 @@ def test_suite_runs_records_failures_and_budget(tmp_path, monkeypatch):
     images = write_image_folder(tmp_path / "imgs", classes=("a", "b"), per_class=6, size=32)
     meta = suite.run_suite("tiny", tmp_path / "out", images=str(images), log=lambda m: None)
     res = json.loads((tmp_path / "out/results.json").read_text())
-    ok = [r for r in res["results"] if not r.get("error")]
+    ok = [r for r in res["results"] if r["status"] == "measured"]
     assert {(r["model"], r["precision"], r["batch"]) for r in ok} == {
         (m, p, b) for m in ("resnet20", "resnet8") for p in ("fp32", "int8") for b in (1, 2)
     }
-    failed = [r for r in res["results"] if r.get("error")]
-    assert len(failed) == 2 and all("does not run int8 on cpu" in r["error"] for r in failed)
+    # one cell per model and batch the CPU cannot run, listed with the reason
+    unavailable = [r for r in res["results"] if r["status"] == "unavailable"]
+    assert len(unavailable) == 4 and all("does not run int8 on cpu" in r["reason"] for r in unavailable)
+    # one export per model and precision, beside the results, not in their folder
     assert len(res["exports"]) == 4 and all(
-        e["samples"] == 8 and (tmp_path / "out/artifacts" / e["model"] / (e["artifact"] + ".parity.json")).is_file()
+        e["samples"] == 8 and (tmp_path / "out-artifacts" / e["model"] / (e["artifact"] + ".parity.json")).is_file()
         for e in res["exports"]
     )
-    assert meta["models"]["resnet20"]["macs"] > 0 and "failed: " in (tmp_path / "out/results.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["bench.png", "results.json", "results.md"]
+    assert meta["models"]["resnet20"]["macs"] > 0 and "unavailable: " in (tmp_path / "out/results.md").read_text()
     suite.run_suite("tiny", tmp_path / "late", budget_s=1e-9, log=lambda m: None)
-    late = json.loads((tmp_path / "late/results.json").read_text())["results"]
-    assert late and all(r["error"].startswith("skipped: time budget") for r in late)
+    late = json.loads((tmp_path / "late/results.json").read_text())
+    assert late["stopped"]["reason"].startswith("stopped at the time budget")
+    assert all(r["status"] == "skipped" for r in late["results"] if r["status"] != "unavailable")
 
 
 def test_suite_verifies_int8_at_the_size_a_checkpoint_was_trained_for(tmp_path, trained):

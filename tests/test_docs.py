@@ -17,7 +17,6 @@ LINKED_DOCS = ["README.md", "CONTRIBUTING.md", "docs/design.md", "BENCHMARKS.md"
 NOT_IN_CHECKOUT = {
     "runs/": "run folders, written by the commands (git-ignored)",
     ".data/": "where the examples put `effvision data prepare` output (git-ignored)",
-    ".whl/": "written by `make gpu-wheels` (git-ignored)",
     "cache_dir/": "inside a dataset card's cache_dir, not the repository",
     "../shared": "the developers' data beside the checkout; the tests that read it skip without it",
     "../x": "an example zip member name that leaves its folder (zip-slip)",

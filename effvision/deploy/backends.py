@@ -38,6 +38,10 @@ def random_batch(batch: int, shape: list[int]) -> torch.Tensor:
     return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(0))
 
 
+class BackendUnavailable(EffvisionError):
+    """The backend cannot run on this machine (a package or provider absent or inactive)."""
+
+
 class Backend:
     takes = "model"  # "model" (a torch nn.Module) or a file suffix
     supports: dict[str, tuple[str, ...]] = {}  # device type -> precisions
@@ -101,6 +105,9 @@ class TorchCompile(TorchEager):
     supports = {"cpu": ("fp32", "bf16", "int8"), "cuda": ("fp32", "tf32", "bf16", "fp16", "int8", "float8")}
 
     def wrap(self, model, opts):
+        # a fresh dynamo per compiled model: its recompile limit (8 per code object) is shared by
+        # every model of one class, and past it later models would silently run eager
+        torch._dynamo.reset()
         return torch.compile(model, mode=None if opts.compile_mode == "default" else opts.compile_mode, dynamic=False)
 
     def uses_cudagraphs(self, opts):
@@ -136,6 +143,10 @@ class OnnxRuntime(Backend):
             raise EffvisionError(f"{path} is a {found} model, not {opts.precision}")
         providers = [self.provider] + (["CPUExecutionProvider"] if self.provider != "CPUExecutionProvider" else [])
         session = ort_session(path, threads=opts.threads, providers=providers)
+        if session.get_providers()[0] != self.provider:  # ORT falls back to the CPU with only a warning
+            raise BackendUnavailable(
+                f"onnxruntime did not start {self.provider} (session runs on {', '.join(session.get_providers())})"
+            )
         name = session.get_inputs()[0].name
         return Loaded(
             lambda x: session.run(None, {name: x}),
@@ -209,11 +220,11 @@ def check_pair(name: str, precision: str, device: torch.device) -> Backend:
     lists the pairs that are supported."""
     inst = backend(name)
     if precision not in inst.supports.get(device.type, ()):
-        raise EffvisionError(
+        raise BackendUnavailable(
             f"backend '{name}' does not run {precision} on {device.type}; supported on {device.type}: "
             f"{supported_pairs(device.type)}"
         )
     reason = inst.missing()
     if reason:
-        raise EffvisionError(f"backend '{name}' is not available: {reason}")
+        raise BackendUnavailable(f"backend '{name}' is not available: {reason}")
     return inst

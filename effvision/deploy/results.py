@@ -17,6 +17,16 @@ def label(row: dict) -> str:
     return " / ".join(p for p in parts if p)
 
 
+def not_measured(row: dict) -> tuple[str, str] | None:
+    """(status, reason) of a row without figures: a suite cell that failed, was skipped, is
+    unavailable here or never ran; a harness row with an `error` failed. None for a measurement."""
+    if row.get("error"):
+        return "failed", row["error"]
+    if row.get("status", "measured") != "measured":
+        return row["status"], row.get("reason", "")
+    return None
+
+
 def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
@@ -51,11 +61,12 @@ def markdown_table(rows: list[dict]) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        if r.get("error"):
+        if not_measured(r):
+            status, reason = not_measured(r)
             lines.append(
                 f"| {r.get('model') or r.get('stage') or '-'} | {r['backend']} | {r['precision']} | "
                 f"{r.get('batch', '-')} | "
-                f"failed: {r['error']} |" + " |" * (len(head) - 5)
+                f"{status}: {reason} |" + " |" * (len(head) - 5)
             )
             continue
         name = (r.get("model") or r.get("stage") or "-") + (" (cl)" if r.get("channels_last") else "")
@@ -101,7 +112,7 @@ def plot_sweep(rows: list[dict], path: str | Path, title: str = "") -> Path | No
         return None
     series: dict[str, list[dict]] = {}
     for r in rows:
-        if not r.get("error"):
+        if not not_measured(r):
             series.setdefault(label(r), []).append(r)
     if not series:
         return None
@@ -138,15 +149,18 @@ def plot_sweep(rows: list[dict], path: str | Path, title: str = "") -> Path | No
     return out
 
 
-def write_results(rows: list[dict], out_dir: str | Path, meta: dict, title: str = "effvision bench") -> dict[str, Path]:
-    """results.json, results.md and bench.png in out_dir; returns the paths written."""
+def write_results(
+    rows: list[dict], out_dir: str | Path, meta: dict, title: str = "effvision bench", plot: bool = True
+) -> dict[str, Path]:
+    """results.json, results.md and (unless plot=False: it takes a good part of a second)
+    bench.png in out_dir, each written atomically; returns the paths written."""
     out_dir = Path(out_dir)
     paths = {"json": write_json(out_dir / "results.json", {**meta, "results": rows})}
     md = [f"# {title}", "", markdown_table(rows)]
     if meta.get("exports"):
         md += ["## Export parity (against PyTorch)", "", parity_table(meta["exports"])]
-    png = plot_sweep(rows, out_dir / "bench.png", title)
-    if png:
+    png = plot_sweep(rows, out_dir / "bench.png", title) if plot else None
+    if png or (out_dir / "bench.png").is_file():
         paths["png"] = png
         md += ["![latency and throughput against batch size](bench.png)", ""]
     paths["md"] = write_text(out_dir / "results.md", "\n".join(md))

@@ -21,9 +21,9 @@ import torch
 
 from ..device import resolve_device
 from ..errors import EffvisionError
-from .backends import backend as get_backend
-from .backends import check_pair
-from .bench import batch_groups, benchmark
+from .backends import BackendUnavailable, check_pair
+from .bench import benchmark
+from .cells import STATUSES, Clock, Interrupted, Predictor, describe, interruptible, settle
 from .exporters import export_for_backend, export_verified
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -63,14 +63,18 @@ SUITES = {
             "efficientnet_b0": "timm:efficientnet_b0",
             "resnet18-pruned-distilled": "variant",
         },
-        "runs": [("torch-eager", p, None) for p in ("fp32", "tf32", "bf16", "fp16", "int8", "float8")]
-        + [
-            ("torch-compile", "bf16", "default"),
+        # No int8/float8 rows: torchao's GPU configs quantize nn.Linear alone, one classifier
+        # layer of these convolutional nets, so such a row would be bf16 under another name.
+        # Most asked-for first: a spent budget skips the tail.
+        "runs": [
+            ("torch-eager", "bf16", None),
             ("torch-compile", "bf16", "reduce-overhead"),
+            ("torch-eager", "fp16", None),
+            ("torch-eager", "tf32", None),
+            ("torch-eager", "fp32", None),
             ("torch-compile", "fp16", "reduce-overhead"),
+            ("torch-compile", "bf16", "default"),
             ("torch-compile", "fp32", "default"),
-            ("torch-compile", "int8", "reduce-overhead"),
-            ("torch-compile", "float8", "reduce-overhead"),
             ("onnxruntime-cuda", "fp32", None),
             ("onnxruntime-cuda", "fp16", None),
         ],
@@ -144,6 +148,28 @@ def native_agreement(model, images: str, work: Path, shape: list[int]) -> dict |
     return figures
 
 
+def plan_cells(suite: dict, labels: list[str]) -> list[dict]:
+    """Every cell of a suite, in the order it runs: run by run across the models (so a spent
+    budget cuts the slowest configurations of every model rather than whole models), then batch."""
+    return [
+        {
+            "model": label,
+            "backend": backend,
+            "precision": precision,
+            **({"compile_mode": mode} if mode else {}),
+            "batch": b,
+            "status": "pending",
+        }
+        for backend, precision, mode in suite["runs"]
+        for label in labels
+        for b in suite["batches"]
+    ]
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}".rstrip(": ")
+
+
 def run_suite(
     name: str,
     out_dir: str | Path,
@@ -154,109 +180,223 @@ def run_suite(
     repeats: int | None = None,
     warmup: int | None = None,
     log=print,
+    overrides: dict | None = None,
+    work_dir: str | Path | None = None,
 ) -> dict:
+    """Run a suite cell by cell. results.json and results.md hold every planned cell from the
+    start and are rewritten (atomically) after each; a cell's error is recorded and the run goes
+    on; a cell predicted to overrun the budget is skipped with the reason; SIGTERM/SIGINT and
+    the budget's end stop the run with everything measured so far on disk (meta["stopped"]).
+    `overrides` replaces suite settings (device, models, batches, input_size); exported
+    artifacts go to work_dir (default: <out_dir>-artifacts), never into out_dir."""
     from ..env import collect_env
-    from ..models import count_macs
     from .results import write_results
     from .roofline import Roofline
 
     if name not in SUITES:
         raise EffvisionError(f"unknown suite '{name}' (choices: {', '.join(SUITES)})")
-    suite, weights = SUITES[name], weights or {}
+    suite, weights = {**SUITES[name], **(overrides or {})}, weights or {}
     device = resolve_device(suite["device"])
     out_dir = Path(out_dir)
+    work_dir = Path(work_dir) if work_dir else out_dir.with_name(out_dir.name + "-artifacts")
     out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    roofline = Roofline(device)
-    rows, exports, models = [], [], {}
-    shape, batches = suite["input_size"], suite["batches"]
-    meta = {"suite": name, "device": str(device), "input_shape": shape, "batches": batches, "env": collect_env()}
+    clock = Clock(budget_s)
+    labels = [label for label in suite["models"] if not only or label in only]
+    cells, exports, models = plan_cells(suite, labels), [], {}
+    shape = suite["input_size"]
+    meta = {
+        "suite": name,
+        "device": str(device),
+        "input_shape": shape,
+        "batches": suite["batches"],
+        "budget_s": budget_s,
+        "env": collect_env(),
+    }
+    title = f"effvision {name} suite ({meta['env']['gpu'] or meta['env']['cpu']})"
+    roofline = None
 
-    def save():
+    def save(plot: bool = False):
         meta.update(
-            roofline=roofline.summary(), models=models, exports=exports, elapsed_s=round(time.perf_counter() - start, 1)
+            roofline=roofline.summary() if roofline else None,
+            models=models,
+            exports=exports,
+            elapsed_s=round(clock.elapsed(), 1),
+            cells={s: sum(c["status"] == s for c in cells) for s in STATUSES},
         )
-        write_results(rows, out_dir, meta, f"effvision {name} suite ({meta['env']['gpu'] or meta['env']['cpu']})")
+        write_results(cells, out_dir, meta, title, plot=plot)
 
-    built = {}
-    for label, arch in suite["models"].items():
-        if only and label not in only:
-            continue
-        model, source = build_model(label, arch, weights)
-        macs = count_macs(model, shape)
-        models[label] = {
-            "arch": arch,
-            "weights": source,
-            "macs": macs,
-            "params": sum(p.numel() for p in model.parameters()),
-        }
-        loaders = real_images(images, shape[-1], *_norm_of(model)) if images else (None, None)
-        built[label] = (model, macs, *loaders)
+    for cell in cells:  # known before any work: a backend or precision this machine cannot run
         try:
-            native = (
-                native_agreement(model, images, out_dir / "artifacts" / label, shape)
-                if images and label in weights
-                else None
-            )
-        except (EffvisionError, RuntimeError, ValueError) as exc:
-            native = {
-                "artifact": "model.int8.native.onnx",
-                "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300],
+            check_pair(cell["backend"], cell["precision"], device)
+        except BackendUnavailable as exc:
+            settle(cell, "unavailable", str(exc))
+    save()
+    current = None
+    try:
+        with interruptible(budget_s):
+            roofline = Roofline(device)
+            built = {
+                label: _build(label, suite, weights, images, shape, models, exports, out_dir, work_dir, log)
+                for label in labels
             }
+            predictor, loaded_targets = Predictor(), {}
+            for cell in (c for c in cells if c["status"] == "pending"):
+                current = cell
+                _run_cell(
+                    cell,
+                    built[cell["model"]],
+                    suite,
+                    device,
+                    shape,
+                    work_dir,
+                    clock,
+                    predictor,
+                    loaded_targets,
+                    exports,
+                    roofline,
+                    repeats,
+                    warmup,
+                    log,
+                )
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                save()
+            current = None
+    except Interrupted as stop:
+        meta["stopped"] = {"reason": stop.reason, "exit_code": stop.exit_code}
+        log(f"[{clock.elapsed():6.0f}s] {stop.reason}: saving what was measured")
+        for cell in cells:
+            if cell is current:
+                settle(cell, "failed", stop.reason)
+            elif cell["status"] == "pending":
+                settle(cell, "skipped", stop.reason)
+    save(plot=True)
+    return meta
+
+
+def _build(label, suite, weights, images, shape, models, exports, out_dir, work_dir, log) -> dict:
+    """A suite model with its MACs and loaders, or the reason it could not be built."""
+    from ..models import count_macs
+
+    try:
+        model, source = build_model(label, suite["models"][label], weights)
+    except Exception as exc:  # noqa: BLE001  (a library built for another torch raises anything)
+        log(f"{label}: cannot build: {_one_line(exc)}")
+        models[label] = {"arch": suite["models"][label], "error": _one_line(exc)}
+        return {"error": f"model not built: {_one_line(exc)}"}
+    try:
+        macs = count_macs(model, shape)
+    except Exception as exc:  # noqa: BLE001
+        macs = None
+        models.setdefault(label, {})["macs_error"] = _one_line(exc)
+    models[label] = {
+        **models.get(label, {}),
+        "arch": suite["models"][label],
+        "weights": source,
+        "macs": macs,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    loaders = real_images(images, shape[-1], *_norm_of(model)) if images else (None, None)
+    if images and label in weights:
+        try:
+            native = native_agreement(model, images, Path(work_dir) / label, shape)
+        except Exception as exc:  # noqa: BLE001
+            native = {"artifact": "model.int8.native.onnx", "error": _one_line(exc)}
         if native:
             exports.append({"model": label, **native})
-    # Run by run across the models, so a spent budget cuts the slowest configurations of every
-    # model rather than whole models.
-    for backend, precision, mode in suite["runs"]:
-        for label, (model, macs, calib, val) in built.items():
-            work = out_dir / "artifacts" / label
-            base = {
-                "model": label,
-                "backend": backend,
-                "precision": precision,
-                **({"compile_mode": mode} if mode else {}),
-            }
-            if budget_s and time.perf_counter() - start > budget_s:
-                rows.append({**base, "error": f"skipped: time budget {budget_s:.0f}s spent"})
-                continue
-            log(f"[{time.perf_counter() - start:6.0f}s] {label}: {backend} {precision}{' ' + mode if mode else ''}")
-            try:
-                check_pair(backend, precision, device)
-                takes = get_backend(backend).takes
-                for group in batch_groups(takes, batches):
-                    target = model
-                    if takes != "model":
-                        target, figures = export_for_backend(
-                            model, takes, precision, work, shape, calib, val, batch=group[0]
-                        )
-                        if figures:
-                            exports.append({"model": label, **figures})
-                    found = benchmark(
-                        target,
-                        shape,
-                        backend,
-                        precision,
-                        group,
-                        device,
-                        suite["channels_last"] and takes == "model",
-                        mode or "default",
-                        warmup or suite["warmup"],
-                        repeats or suite["repeats"],
-                        macs=macs,
-                        roofline=roofline,
-                        calibration=(x for x, _ in calib) if calib is not None else (),
-                    )
-                    rows += [{"model": label, **r} for r in found]
-            except (EffvisionError, RuntimeError, ValueError, NotImplementedError, AssertionError, ImportError) as exc:
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-                rows.append({**base, "error": f"{type(exc).__name__}: {first}"})
-                if os.environ.get("EFFVISION_DEBUG"):
-                    traceback.print_exc()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        save()
-    save()
-    return meta
+    return {"model": model, "macs": macs, "calib": loaders[0], "val": loaders[1]}
+
+
+def _run_cell(
+    cell,
+    built,
+    suite,
+    device,
+    shape,
+    work_dir,
+    clock,
+    predictor,
+    loaded_targets,
+    exports,
+    roofline,
+    repeats,
+    warmup,
+    log,
+) -> None:
+    """One cell: unavailable, skipped, failed or measured, never an exception out of it."""
+    backend, precision, mode, batch = cell["backend"], cell["precision"], cell.get("compile_mode"), cell["batch"]
+    if "error" in built:
+        settle(cell, "failed", built["error"])
+        return
+    try:
+        takes = check_pair(backend, precision, device).takes
+    except BackendUnavailable as exc:
+        settle(cell, "unavailable", str(exc))
+        return
+    why = clock.would_overrun(predictor.predict(cell))
+    if why:
+        settle(cell, "skipped", why)
+        return
+    log(f"[{clock.elapsed():6.0f}s] {describe(cell)}")
+    began = time.perf_counter()
+    try:
+        target = built["model"]
+        if takes != "model":  # one export per model, file type and precision (.pte: per batch too)
+            key = (cell["model"], takes, precision, batch if takes == ".pte" else None)
+            if key not in loaded_targets:
+                loaded_targets[key], figures = export_for_backend(
+                    built["model"],
+                    takes,
+                    precision,
+                    Path(work_dir) / cell["model"],
+                    shape,
+                    built["calib"],
+                    built["val"],
+                    batch=batch,
+                )
+                if figures:
+                    exports.append({"model": cell["model"], **figures})
+            target = loaded_targets[key]
+        (row,) = benchmark(
+            target,
+            shape,
+            backend,
+            precision,
+            (batch,),
+            device,
+            suite["channels_last"] and takes == "model",
+            mode or "default",
+            warmup or suite["warmup"],
+            repeats or suite["repeats"],
+            macs=built["macs"],
+            roofline=roofline,
+            calibration=(x for x, _ in built["calib"]) if built["calib"] is not None else (),
+        )
+        cell.update(row, status="measured", cell_s=round(time.perf_counter() - began, 2))
+    except BackendUnavailable as exc:  # found only once loaded (an ONNX Runtime provider that did not start)
+        settle(cell, "unavailable", str(exc))
+    except Exception as exc:  # noqa: BLE001  (recorded: one broken cell must not end the run)
+        settle(cell, "failed", _one_line(exc))
+        if os.environ.get("EFFVISION_DEBUG"):
+            traceback.print_exc()
+    predictor.record(cell, time.perf_counter() - began)
+
+
+def _pairs(values: list[str], what: str) -> dict[str, str]:
+    bad = [v for v in values if "=" not in v or not v.split("=", 1)[0]]
+    if bad:
+        raise EffvisionError(f"{what} takes NAME=VALUE, got {bad[0]!r}")
+    return dict(v.split("=", 1) for v in values)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise EffvisionError(f"{what} takes positive integers separated by commas, got {text!r}")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,8 +405,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument(
-        "--out", default=os.environ.get("OUT"), help="output folder (default: $OUT, else runs/bench-<suite>)"
+        "--out",
+        default=os.environ.get("OUT"),
+        help="folder for results.json, results.md and bench.png alone (default: $OUT, else runs/bench-<suite>)",
     )
+    parser.add_argument("--work", help="folder for exported artifacts (default: <out>-artifacts)")
     parser.add_argument(
         "--weights",
         action="append",
@@ -278,20 +421,39 @@ def main(argv: list[str] | None = None) -> int:
         "--images", help="labelled image folder: int8 calibration and the parity/agreement check of every export"
     )
     parser.add_argument(
-        "--budget", type=float, default=None, help="seconds; later runs are skipped (and listed) once spent"
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for the whole run: a cell predicted to overrun is skipped (and listed); at the end the run stops",
     )
     parser.add_argument("--models", help="comma list: only these suite models")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="LABEL=ARCH",
+        help="replace the suite's models with these (repeatable; ARCH as in create_model, or 'variant')",
+    )
+    parser.add_argument("--device", help="run the suite on this device instead (e.g. cpu, for a rehearsal)")
+    parser.add_argument("--batches", help="comma list of batch sizes instead of the suite's")
+    parser.add_argument("--input-size", help="C,H,W instead of the suite's")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--warmup", type=int)
     args = parser.parse_args(argv)
-    try:
-        weights = dict(w.split("=", 1) for w in args.weights)
-    except ValueError:
-        print(f"effvision: error: --weights takes MODEL=CHECKPOINT, got {args.weights}", file=sys.stderr)
-        return 2
     out = args.out or f"runs/bench-{args.suite}"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
+        weights = _pairs(args.weights, "--weights")
+        overrides = {
+            k: v
+            for k, v in {
+                "models": _pairs(args.model, "--model") or None,
+                "device": args.device,
+                "batches": _ints(args.batches, "--batches") if args.batches else None,
+                "input_size": _ints(args.input_size, "--input-size") if args.input_size else None,
+            }.items()
+            if v
+        }
         meta = run_suite(
             args.suite,
             out,
@@ -302,11 +464,17 @@ def main(argv: list[str] | None = None) -> int:
             args.repeats,
             args.warmup,
             log=lambda m: print(m, flush=True),
+            overrides=overrides,
+            work_dir=args.work,
         )
     except EffvisionError as exc:
         print(f"effvision: error: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {out}/results.json, results.md, bench.png in {meta['elapsed_s']} s")
+    counts = ", ".join(f"{n} {s}" for s, n in meta["cells"].items() if n)
+    print(f"wrote {out}/results.json, results.md, bench.png in {meta['elapsed_s']} s ({counts})", flush=True)
+    if meta.get("stopped"):
+        print(f"stopped: {meta['stopped']['reason']}", flush=True)
+        return meta["stopped"]["exit_code"]
     return 0
 
 

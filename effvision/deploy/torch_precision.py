@@ -83,10 +83,12 @@ def torchao_gpu(model: nn.Module, precision: str) -> tuple[nn.Module, int]:
         from torchao.quantization import quantize_
     except ImportError as exc:
         raise EffvisionError(f"{precision} on a GPU needs torchao: {exc}") from None
+    # set_inductor_config=False: torchao would otherwise change inductor's global settings (coordinate
+    # descent tuning and more) for every later torch.compile in the process, default rows included
     config = (
-        tq.Int8DynamicActivationInt8WeightConfig()
+        tq.Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
         if precision == "int8"
-        else tq.Float8DynamicActivationFloat8WeightConfig()
+        else tq.Float8DynamicActivationFloat8WeightConfig(set_inductor_config=False)
     )
     quantize_(model, config)
     return model, _count_quantized(model)

@@ -87,13 +87,14 @@ def run_seeds(
     for k in range(seeds):
         seeded = with_target(recipe, recipe.seed + k, target, time_limit)
         rows.append(train_row(seeded, run_dir if seeds == 1 else run_dir / f"seed-{seeded.seed}"))
-    summary = {
-        "recipe": recipe._source,
-        "target_accuracy": target,
-        "time_limit_s": time_limit,
-        "rows": rows,
-        **summarise(rows),
-    }
-    if distributed.rank() == 0:
-        write_json(Path(run_dir) / "time_to_accuracy.json", summary)
+        summary = {
+            "recipe": recipe._source,
+            "target_accuracy": target,
+            "time_limit_s": time_limit,
+            "seeds_planned": seeds,
+            "rows": rows,
+            **summarise(rows),
+        }
+        if distributed.rank() == 0:  # after every seed: a run stopped early keeps the seeds it finished
+            write_json(Path(run_dir) / "time_to_accuracy.json", summary)
     return summary
