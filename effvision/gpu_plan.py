@@ -314,6 +314,8 @@ def run_speed(args, extra: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before anything imports huggingface_hub: no network there
+    os.environ.setdefault("EFFVISION_QUIET", "1")  # no progress bars in a log read back as text
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv

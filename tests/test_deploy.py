@@ -598,3 +598,52 @@ def test_suite_verifies_int8_at_the_size_a_checkpoint_was_trained_for(tmp_path, 
     assert_parity(figures, trained.spread, *PARITY["int8"])
     table = parity_table([{"model": "m", **figures}, {"model": "bad", "artifact": "x.onnx", "error": "no conversion"}])
     assert "| m | model.int8.native.onnx | 3x32x32 |" in table and "| bad | x.onnx | failed: no conversion |" in table
+
+
+def test_each_compiled_model_gets_a_fresh_dynamo(monkeypatch):
+    """Models of one class share dynamo's recompile limit: past it, a later model would run eager
+    under a compile label. The backend resets dynamo per model (limit lowered to 1 to see it cheaply)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from effvision.deploy.backends import BenchOptions, backend
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    compiled = []
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        loaded = backend("torch-compile").load(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), [8], BenchOptions())
+        before = counters["stats"]["unique_graphs"]
+        loaded.run(loaded.make_input(2))
+        compiled.append(counters["stats"]["unique_graphs"] - before)
+    assert compiled == [1, 1, 1], compiled  # each model traced and compiled, none fell back to eager
+
+
+def test_torchao_leaves_inductor_settings_alone():
+    import torch._inductor.config as inductor_config
+
+    from effvision.deploy.torch_precision import torchao_gpu
+
+    before = inductor_config.get_config_copy()
+    model, n = torchao_gpu(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), "int8")
+    assert n == 2  # both Linear layers quantized, and said so
+    changed = {k for k, v in inductor_config.get_config_copy().items() if before.get(k) != v}
+    assert not changed, changed
+
+
+def test_onnxruntime_cuda_refuses_a_session_that_fell_back_to_the_cpu(tmp_path, monkeypatch):
+    """ONNX Runtime starts a session on the CPU, with only a warning, when the CUDA provider cannot
+    start: such a row would time the CPU under a CUDA label. Here the provider is made to look
+    installed and the session starts on the CPU, as it would there."""
+    import effvision.deploy.runtime as runtime
+    from effvision.deploy.backends import BackendUnavailable, BenchOptions, OnnxRuntimeCuda, backend
+
+    path = export_onnx(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), tmp_path / "m.onnx", [3, 2, 2])
+    monkeypatch.setattr(OnnxRuntimeCuda, "missing", classmethod(lambda cls: None))
+    real = runtime.ort_session
+    monkeypatch.setattr(runtime, "ort_session", lambda p, threads=None, providers=None: real(p, threads))
+    with pytest.raises(BackendUnavailable, match="did not start CUDAExecutionProvider"):
+        backend("onnxruntime-cuda").load(path, [3, 2, 2], BenchOptions(device=torch.device("cuda")))
+    assert (
+        backend("onnxruntime-cpu").load(path, [3, 2, 2], BenchOptions()).notes["providers"][0] == "CPUExecutionProvider"
+    )

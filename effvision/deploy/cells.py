@@ -21,6 +21,9 @@ class Interrupted(BaseException):
         self.reason, self.exit_code = reason, exit_code
 
 
+_held = {"depth": 0, "pending": None}  # deferred_signals() state: a stop that arrived while held
+
+
 @contextlib.contextmanager
 def interruptible(deadline_s: float | None = None):
     """SIGTERM, SIGINT and (when deadline_s is given) SIGALRM after deadline_s raise Interrupted.
@@ -28,9 +31,13 @@ def interruptible(deadline_s: float | None = None):
 
     def stop(signum, _frame):
         if signum == signal.SIGALRM:
-            raise Interrupted(f"stopped at the time budget ({deadline_s:.0f} s)", 0)
-        name = signal.Signals(signum).name
-        raise Interrupted(f"interrupted by {name}", 128 + signum)
+            why = Interrupted(f"stopped at the time budget ({deadline_s:.0f} s)", 0)
+        else:
+            why = Interrupted(f"interrupted by {signal.Signals(signum).name}", 128 + signum)
+        if _held["depth"]:
+            _held["pending"] = _held["pending"] or why
+            return
+        raise why
 
     wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGALRM] if deadline_s else [])
     old = {s: signal.signal(s, stop) for s in wanted}
@@ -45,8 +52,18 @@ def interruptible(deadline_s: float | None = None):
             signal.signal(s, handler)
 
 
-def cell_key(cell: dict) -> tuple:
-    return (cell["model"], cell["backend"], cell["precision"], cell.get("compile_mode"), cell["batch"])
+@contextlib.contextmanager
+def deferred_signals():
+    """Hold a stop back while the table is written: one arriving then is raised right after, so
+    no half-written temporary file is left in the results folder."""
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+        if not _held["depth"] and _held["pending"]:
+            why, _held["pending"] = _held["pending"], None
+            raise why
 
 
 def describe(cell: dict) -> str:
