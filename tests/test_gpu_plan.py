@@ -126,11 +126,11 @@ def test_rehearsal_runs_the_gpu_bench_to_a_complete_table(tmp_path):
 def test_rehearsal_sigterm_and_budget_leave_a_loadable_table(tmp_path):
     out = tmp_path / "out"
     env = gpu_machine_env(tmp_path)
-    # slow cells (400 timed calls each), so the signal lands mid-run
+    # slow cells (200 timed calls each, about 3 s), so the signal lands mid-run
     args = ["bench", "--wheels", "/nonexistent", "--device", "cpu", "--out", str(out), "--work", str(tmp_path / "w")]
     args += ["--"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "effvision.gpu_plan", *args, *TINY, "--repeats", "400", "--warmup", "1"],
+        [sys.executable, "-m", "effvision.gpu_plan", *args, *TINY, "--repeats", "200", "--warmup", "1"],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -154,10 +154,10 @@ def test_rehearsal_sigterm_and_budget_leave_a_loadable_table(tmp_path):
     assert (out / "bench.png").is_file()
     assert_returnable(out)
 
-    # the budget: a cell predicted (from the cells already timed, about 3 s each) to overrun what
+    # the budget: a cell predicted (from the cells already timed, about 1.5 s each) to overrun what
     # is left is skipped with the reason; a cell still running when it ends (about 30 s of calls
     # against a 10 s budget) is stopped; exit 0 and a complete table either way
-    for budget, repeats, first in (("20", "200", "measured"), ("10", "2000", "failed")):
+    for budget, repeats, first in (("14", "100", "measured"), ("10", "2000", "failed")):
         late = tmp_path / f"budget-{budget}"
         args = ["bench", "--device", "cpu", "--out", str(late), "--work", str(tmp_path / "w"), "--budget", budget]
         done = plan(*args, "--", *TINY, "--repeats", repeats, "--warmup", "1", env=env)
