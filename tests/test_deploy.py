@@ -609,6 +609,9 @@ def test_each_compiled_model_gets_a_fresh_dynamo(monkeypatch):
     from effvision.deploy.backends import BenchOptions, backend
 
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    # dynamo traces as it would for inductor; the "eager" backend skips inductor's C++ compile (seconds)
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, **{**kw, "backend": "eager"}))
     compiled = []
     for seed in (0, 1, 2):
         torch.manual_seed(seed)

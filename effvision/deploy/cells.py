@@ -31,7 +31,7 @@ def interruptible(deadline_s: float | None = None):
 
     def stop(signum, _frame):
         if signum == signal.SIGALRM:
-            why = Interrupted(f"stopped at the time budget ({deadline_s:.0f} s)", 0)
+            why = Interrupted("stopped at the time budget", 0)
         else:
             why = Interrupted(f"interrupted by {signal.Signals(signum).name}", 128 + signum)
         if _held["depth"]:
@@ -39,14 +39,15 @@ def interruptible(deadline_s: float | None = None):
             return
         raise why
 
-    wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGALRM] if deadline_s else [])
+    timed = deadline_s is not None
+    wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGALRM] if timed else [])
     old = {s: signal.signal(s, stop) for s in wanted}
-    if deadline_s:
-        signal.setitimer(signal.ITIMER_REAL, max(deadline_s, 1e-3))
+    if timed:
+        signal.setitimer(signal.ITIMER_REAL, max(deadline_s, 1e-3))  # 0 would mean no alarm at all
     try:
         yield
     finally:
-        if deadline_s:
+        if timed:
             signal.setitimer(signal.ITIMER_REAL, 0)
         for s, handler in old.items():
             signal.signal(s, handler)

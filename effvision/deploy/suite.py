@@ -235,11 +235,10 @@ def run_suite(
     save()
     current = None
     try:
-        with interruptible(budget_s):
+        with interruptible(clock.left()):  # the deadline: what is left of the budget, whole run counted
             roofline = Roofline(device)
             built = {
-                label: _build(label, suite, weights, images, shape, models, exports, out_dir, work_dir, log)
-                for label in labels
+                label: _build(label, suite, weights, images, shape, models, exports, work_dir, log) for label in labels
             }
             predictor, loaded_targets = Predictor(), {}
             for cell in (c for c in cells if c["status"] == "pending"):
@@ -276,7 +275,7 @@ def run_suite(
     return meta
 
 
-def _build(label, suite, weights, images, shape, models, exports, out_dir, work_dir, log) -> dict:
+def _build(label, suite, weights, images, shape, models, exports, work_dir, log) -> dict:
     """A suite model with its MACs and loaders, or the reason it could not be built."""
     from ..models import count_macs
 
