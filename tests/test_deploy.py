@@ -650,3 +650,66 @@ def test_onnxruntime_cuda_refuses_a_session_that_fell_back_to_the_cpu(tmp_path, 
     assert (
         backend("onnxruntime-cpu").load(path, [3, 2, 2], BenchOptions()).notes["providers"][0] == "CPUExecutionProvider"
     )
+
+
+class Paced:
+    """A fake runner: `ms` per call, four times slower while the shared machine has a slow spell
+    (the calls from `spell_from` on, counted over every runner of the session)."""
+
+    def __init__(self, name, ms, log, session):
+        self.name, self.ms, self.log, self.session = name, ms, log, session
+
+    def loaded(self):
+        from effvision.deploy.backends import Loaded
+
+        return Loaded(self.run, lambda b: b)
+
+    def run(self, x):
+        self.log.append(self.name)
+        self.session["calls"] += 1
+        time.sleep(self.ms / 1e3 * (4 if self.session["calls"] > self.session["spell_from"] else 1))
+
+
+def test_interleaved_timing_is_fair_to_both_targets():
+    from effvision.deploy.bench import measure, measure_interleaved
+
+    cpu = torch.device("cpu")
+    log, session = [], {"calls": 0, "spell_from": 10**9}
+    a, b = Paced("a", 2, log, session), Paced("b", 6, log, session)
+    rows = measure_interleaved({"a": a.loaded(), "b": b.loaded()}, 1, cpu, warmup=1, repeats=12, rounds=4)
+    # first call and warm-up of each, then blocks a b | b a | a b | b a, each an untimed call and 3 timed
+    assert log[:4] == ["a", "a", "b", "b"]
+    blocks = [log[4 + 4 * k][0] for k in range(8)]
+    assert blocks == list("abbaabba") and all(len(set(log[4 + 4 * k : 8 + 4 * k])) == 1 for k in range(8))
+    assert rows["a"]["repeats"] == rows["b"]["repeats"] == 12 and rows["a"]["interleaved"]["with"] == ["b"]
+    assert 2 < rows["b"]["p50"] / rows["a"]["p50"] < 4.5  # 6 ms against 2 ms
+
+    # a slow spell over the last 40% of the session: timed one after the other, b (timed second)
+    # takes it all and looks 12x slower; interleaved, both take their share and the ratio holds
+    log.clear()
+    session.update(calls=0, spell_from=int(0.6 * 2 * 14))
+    first, second = (measure(p.loaded(), 1, cpu, warmup=1, repeats=12) for p in (a, b))
+    assert second["p50"] / first["p50"] > 8
+    session.update(calls=0, spell_from=int(0.6 * 2 * 18))
+    rows = measure_interleaved({"a": a.loaded(), "b": b.loaded()}, 1, cpu, warmup=1, repeats=12, rounds=4)
+    assert 2 < rows["b"]["p50"] / rows["a"]["p50"] < 4.5
+    with pytest.raises(EffvisionError, match="rounds <= repeats"):
+        measure_interleaved({"a": a.loaded()}, 1, cpu, repeats=2, rounds=4)
+
+
+def test_compare_times_files_side_by_side_on_one_backend(tmp_path):
+    from effvision.deploy.bench import compare
+
+    path = export_onnx(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), tmp_path / "m.onnx", [3, 2, 2])
+    rows = compare(
+        {"reference": (path, "fp32"), "final": (path, "fp32")},
+        [3, 2, 2],
+        "onnxruntime-cpu",
+        (1, 2),
+        "cpu",
+        warmup=1,
+        repeats=4,
+        rounds=2,
+    )
+    assert [(r["target"], r["batch"]) for r in rows] == [("reference", 1), ("final", 1), ("reference", 2), ("final", 2)]
+    assert all(r["backend"] == "onnxruntime-cpu" and r["p50"] > 0 and r["repeats"] == 4 for r in rows)

@@ -19,9 +19,8 @@ from .backends import BenchOptions, Loaded, check_pair
 from .roofline import Roofline
 
 
-def measure(loaded: Loaded, batch: int, device: torch.device, warmup: int = 10, repeats: int = 50) -> dict:
-    """Time loaded.run on one fixed batch: the first call (compilation, if any) apart, then
-    warm-up, then `repeats` timed calls; percentiles in ms, throughput from the median."""
+def _first_and_warm(loaded: Loaded, batch: int, device: torch.device, warmup: int):
+    """The input batch, and the first call's milliseconds (compilation, if any), then warm-up."""
     x = loaded.make_input(batch)
     t = time.perf_counter()
     loaded.run(x)
@@ -30,9 +29,12 @@ def measure(loaded: Loaded, batch: int, device: torch.device, warmup: int = 10, 
     for _ in range(warmup):
         loaded.run(x)
     synchronize(device)
-    timer = Timer(device)
-    with PeakMemory(device) as mem:
-        times = np.asarray([timer.time(lambda: loaded.run(x)) for _ in range(repeats)])
+    return x, first_ms
+
+
+def _summary(times, batch: int, warmup: int, first_ms: float, timer: Timer) -> dict:
+    """Percentiles in ms and throughput from the median."""
+    times = np.asarray(times)
     p50 = float(np.percentile(times, 50))
     return {
         "batch": batch,
@@ -40,11 +42,49 @@ def measure(loaded: Loaded, batch: int, device: torch.device, warmup: int = 10, 
         "p90": round(float(np.percentile(times, 90)), 4),
         "p99": round(float(np.percentile(times, 99)), 4),
         "samples_per_s": round(batch / (p50 / 1e3), 2),
-        "repeats": repeats,
+        "repeats": len(times),
         "warmup": warmup,
         "first_call_ms": round(first_ms, 2),
         "timer": timer.kind,
-        "peak_memory": mem.result(),
+    }
+
+
+def measure(loaded: Loaded, batch: int, device: torch.device, warmup: int = 10, repeats: int = 50) -> dict:
+    """Time loaded.run on one fixed batch: the first call (compilation, if any) apart, then
+    warm-up, then `repeats` timed calls; percentiles in ms, throughput from the median."""
+    x, first_ms = _first_and_warm(loaded, batch, device, warmup)
+    timer = Timer(device)
+    with PeakMemory(device) as mem:
+        times = [timer.time(lambda: loaded.run(x)) for _ in range(repeats)]
+    return {**_summary(times, batch, warmup, first_ms, timer), "peak_memory": mem.result()}
+
+
+def measure_interleaved(
+    loaded: dict[str, Loaded], batch: int, device: torch.device, warmup: int = 10, repeats: int = 50, rounds: int = 10
+) -> dict[str, dict]:
+    """Time several targets side by side, so that a slow spell of a shared machine hits them all:
+    `rounds` rounds, each one block of repeats/rounds timed calls per target, the order reversed
+    every other round (A B, B A, ...), one untimed call opening each block (what ran before it,
+    such as the other runtime's threads, stays out of the timing). Rows as measure() gives, by
+    name, without peak memory (the targets share one process)."""
+    if rounds < 1 or repeats < rounds:
+        raise EffvisionError(f"interleaved timing needs 1 <= rounds <= repeats, got rounds={rounds}, repeats={repeats}")
+    names = list(loaded)
+    prepared = {n: _first_and_warm(loaded[n], batch, device, warmup) for n in names}
+    timer, times = Timer(device), {n: [] for n in names}
+    per_block = repeats // rounds
+    for r in range(rounds):
+        for n in names if r % 2 == 0 else reversed(names):
+            run, x = loaded[n].run, prepared[n][0]
+            run(x)
+            synchronize(device)
+            times[n] += [timer.time(lambda run=run, x=x: run(x)) for _ in range(per_block)]
+    return {
+        n: {
+            **_summary(times[n], batch, warmup, prepared[n][1], timer),
+            "interleaved": {"rounds": rounds, "per_block": per_block, "with": [m for m in names if m != n]},
+        }
+        for n in names
     }
 
 
@@ -110,6 +150,37 @@ def benchmark(
             )
         row.update(loaded.notes)
         rows.append(add_roofline(row, macs, roofline))
+    return rows
+
+
+def compare(
+    targets: dict[str, tuple],
+    shape: list[int],
+    backend: str,
+    batches: Iterable[int] = (1, 32),
+    device: str | torch.device = "auto",
+    warmup: int = 10,
+    repeats: int = 50,
+    rounds: int = 10,
+    threads: int | None = None,
+) -> list[dict]:
+    """Targets on one backend, side by side: each (file or model, precision) loaded once, then
+    timed interleaved (measure_interleaved) per batch. One row per target and batch, with
+    `target`; e.g. {"reference": ("fp32.onnx", "fp32"), "final": ("int8.onnx", "int8")}."""
+    device = resolve_device(device) if isinstance(device, str) else device
+    loaded = {
+        name: check_pair(backend, precision, device).load(
+            target, shape, BenchOptions(device=device, precision=precision, threads=threads)
+        )
+        for name, (target, precision) in targets.items()
+    }
+    rows = []
+    for b in batches:
+        timed = measure_interleaved(loaded, b, device, warmup, repeats, rounds)
+        rows += [
+            {"target": n, "backend": backend, "precision": targets[n][1], "device": str(device), **row}
+            for n, row in timed.items()
+        ]
     return rows
 
 
