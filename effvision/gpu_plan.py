@@ -153,7 +153,10 @@ def _unmet_requirements(dist: str) -> list[str]:
 
 def _has_gpu() -> bool:
     if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):  # a hung or broken driver tool: no usable GPU
+            return False
         return out.returncode == 0 and "GPU" in out.stdout
     return bool(glob.glob("/dev/nvidia[0-9]*"))
 
