@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from .errors import one_line  # effvision/errors.py imports nothing: the preflight stays light
+
 REPO = Path(__file__).resolve().parents[1]
 GPU_SITE = "/tmp/effvision-gpu-site"
 WHEEL_DIR = REPO / ".whl"
@@ -184,7 +186,7 @@ def preflight(name: str, device: str = "cuda", import_now: bool = True, data: Pa
             try:
                 importlib.import_module(module)
             except Exception as exc:  # noqa: BLE001  (any failure here is the answer)
-                problems.append(f"import {module} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+                problems.append(f"import {module} failed: {one_line(exc, 200)}")
     if command.data and not _zips(Path(data)):
         problems.append(f"no CIFAR-10 zips (or .xz) in {data}: carry .data/cifar10-xz (make gpu-data)")
     if device == "cuda" and not _has_gpu():
@@ -272,9 +274,7 @@ def run_bench(args, extra: list[str]) -> int:
     try:
         from .deploy.suite import main as suite_main
     except Exception as exc:  # noqa: BLE001  (a library built for another torch raises anything)
-        raise SystemExit(
-            f"effvision: cannot load the suite: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-        ) from None
+        raise SystemExit(f"effvision: cannot load the suite: {one_line(exc)}") from None
 
     variant = REPO / "runs" / "resnet18_cifar10" / "stages" / "4-distill" / "model.pt"
     left = args.budget - (time.perf_counter() - began)

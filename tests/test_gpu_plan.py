@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from effvision.deploy.cells import Clock, Predictor
-from effvision.deploy.suite import SUITES
+from effvision.deploy.suite import SUITES, run_suite
 from effvision.gpu_plan import COMMANDS, GPU_MACHINE, WHEELS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,22 +155,25 @@ def test_rehearsal_sigterm_leaves_a_loadable_table(tmp_path):
     assert_returnable(out)
 
 
-def test_budget_end_stops_the_cell_in_flight_and_keeps_the_table(tmp_path):
-    """The budget's end (SIGALRM at the deadline) stops the cell still running (2000 timed calls,
-    seconds, against a 3 s budget), skips the rest with the reason and keeps a complete table."""
-    from effvision.deploy import suite
-
+def tiny_gpu_suite_on_cpu(tmp_path, budget_s: float, repeats: int) -> dict:
+    """The gpu suite in this process, on the CPU, one tiny model at batch 1, results in tmp_path/out."""
     overrides = {"device": "cpu", "models": {"tiny": "cifar_resnet8"}, "batches": [1], "input_size": [3, 32, 32]}
-    meta = suite.run_suite(
+    return run_suite(
         "gpu",
         tmp_path / "out",
-        budget_s=3,
-        repeats=2000,
+        budget_s=budget_s,
+        repeats=repeats,
         warmup=1,
         log=lambda m: None,
         overrides=overrides,
         work_dir=tmp_path / "work",
     )
+
+
+def test_budget_end_stops_the_cell_in_flight_and_keeps_the_table(tmp_path):
+    """The budget's end (SIGALRM at the deadline) stops the cell still running (2000 timed calls,
+    seconds, against a 3 s budget), skips the rest with the reason and keeps a complete table."""
+    meta = tiny_gpu_suite_on_cpu(tmp_path, budget_s=3, repeats=2000)
     res = results(tmp_path / "out")
     cells = [c for c in res["results"] if c["status"] != "unavailable"]
     assert meta["stopped"] == {"reason": "stopped at the time budget", "exit_code": 0} == res["stopped"]
@@ -183,22 +186,9 @@ def test_budget_end_stops_the_cell_in_flight_and_keeps_the_table(tmp_path):
 def test_suite_skips_cells_predicted_to_overrun(tmp_path, monkeypatch):
     """The prediction (unit-tested below) decides in the run: cells it says would overrun what is
     left are skipped with its figures, the others measured."""
-    from effvision.deploy import suite
-    from effvision.deploy.cells import Predictor
-
     slow = {"torch-compile": 1e6}
     monkeypatch.setattr(Predictor, "predict", lambda self, cell: slow.get(cell["backend"]))
-    overrides = {"device": "cpu", "models": {"tiny": "cifar_resnet8"}, "batches": [1], "input_size": [3, 32, 32]}
-    meta = suite.run_suite(
-        "gpu",
-        tmp_path / "out",
-        budget_s=600,
-        repeats=2,
-        warmup=1,
-        log=lambda m: None,
-        overrides=overrides,
-        work_dir=tmp_path / "work",
-    )
+    meta = tiny_gpu_suite_on_cpu(tmp_path, budget_s=600, repeats=2)
     cells = results(tmp_path / "out")["results"]
     compiled = [c for c in cells if c["backend"] == "torch-compile" and c["status"] != "unavailable"]
     assert compiled and all(c["status"] == "skipped" for c in compiled)

@@ -18,10 +18,8 @@ def label(row: dict) -> str:
 
 
 def not_measured(row: dict) -> tuple[str, str] | None:
-    """(status, reason) of a row without figures: a suite cell that failed, was skipped, is
-    unavailable here or never ran; a harness row with an `error` failed. None for a measurement."""
-    if row.get("error"):
-        return "failed", row["error"]
+    """(status, reason) of a row without figures (a suite cell that failed, was skipped, is
+    unavailable here or never ran); None for a measurement."""
     if row.get("status", "measured") != "measured":
         return row["status"], row.get("reason", "")
     return None

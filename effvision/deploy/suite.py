@@ -15,16 +15,20 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..device import resolve_device
-from ..errors import EffvisionError
+from ..errors import EffvisionError, one_line
 from .backends import BackendUnavailable, check_pair
+from .backends import backend as get_backend
 from .bench import benchmark
 from .cells import STATUSES, Clock, Interrupted, Predictor, deferred_signals, describe, interruptible, settle
 from .exporters import export_for_backend, export_verified
+from .roofline import Roofline
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -167,10 +171,6 @@ def plan_cells(suite: dict, labels: list[str]) -> list[dict]:
     ]
 
 
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}".rstrip(": ")
-
-
 def run_suite(
     name: str,
     out_dir: str | Path,
@@ -192,7 +192,6 @@ def run_suite(
     artifacts go to work_dir (default: <out_dir>-artifacts), never into out_dir."""
     from ..env import collect_env
     from .results import write_results
-    from .roofline import Roofline
 
     if name not in SUITES:
         raise EffvisionError(f"unknown suite '{name}' (choices: {', '.join(SUITES)})")
@@ -240,25 +239,10 @@ def run_suite(
             built = {
                 label: _build(label, suite, weights, images, shape, models, exports, work_dir, log) for label in labels
             }
-            predictor, loaded_targets = Predictor(), {}
+            run = _Run(suite, device, shape, work_dir, clock, roofline, exports, repeats, warmup, log)
             for cell in (c for c in cells if c["status"] == "pending"):
                 current = cell
-                _run_cell(
-                    cell,
-                    built[cell["model"]],
-                    suite,
-                    device,
-                    shape,
-                    work_dir,
-                    clock,
-                    predictor,
-                    loaded_targets,
-                    exports,
-                    roofline,
-                    repeats,
-                    warmup,
-                    log,
-                )
+                run.cell(cell, built[cell["model"]])
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 save()
@@ -282,14 +266,14 @@ def _build(label, suite, weights, images, shape, models, exports, work_dir, log)
     try:
         model, source = build_model(label, suite["models"][label], weights)
     except Exception as exc:  # noqa: BLE001  (a library built for another torch raises anything)
-        log(f"{label}: cannot build: {_one_line(exc)}")
-        models[label] = {"arch": suite["models"][label], "error": _one_line(exc)}
-        return {"error": f"model not built: {_one_line(exc)}"}
+        log(f"{label}: cannot build: {one_line(exc)}")
+        models[label] = {"arch": suite["models"][label], "error": one_line(exc)}
+        return {"error": f"model not built: {one_line(exc)}"}
     try:
         macs = count_macs(model, shape)
     except Exception as exc:  # noqa: BLE001
         macs = None
-        models.setdefault(label, {})["macs_error"] = _one_line(exc)
+        models.setdefault(label, {})["macs_error"] = one_line(exc)
     models[label] = {
         **models.get(label, {}),
         "arch": suite["models"][label],
@@ -302,85 +286,84 @@ def _build(label, suite, weights, images, shape, models, exports, work_dir, log)
         try:
             native = native_agreement(model, images, Path(work_dir) / label, shape)
         except Exception as exc:  # noqa: BLE001
-            native = {"artifact": "model.int8.native.onnx", "error": _one_line(exc)}
+            native = {"artifact": "model.int8.native.onnx", "error": one_line(exc)}
         if native:
             exports.append({"model": label, **native})
     return {"model": model, "macs": macs, "calib": loaders[0], "val": loaders[1]}
 
 
-def _run_cell(
-    cell,
-    built,
-    suite,
-    device,
-    shape,
-    work_dir,
-    clock,
-    predictor,
-    loaded_targets,
-    exports,
-    roofline,
-    repeats,
-    warmup,
-    log,
-) -> None:
-    """One cell: unavailable, skipped, failed or measured, never an exception out of it."""
-    backend, precision, mode, batch = cell["backend"], cell["precision"], cell.get("compile_mode"), cell["batch"]
-    if "error" in built:
-        settle(cell, "failed", built["error"])
-        return
-    try:
-        takes = check_pair(backend, precision, device).takes
-    except BackendUnavailable as exc:
-        settle(cell, "unavailable", str(exc))
-        return
-    why = clock.would_overrun(predictor.predict(cell))
-    if why:
-        settle(cell, "skipped", why)
-        return
-    log(f"[{clock.elapsed():6.0f}s] {describe(cell)}")
-    began = time.perf_counter()
-    try:
-        target = built["model"]
-        if takes != "model":  # one export per model, file type and precision (.pte: per batch too)
-            key = (cell["model"], takes, precision, batch if takes == ".pte" else None)
-            if key not in loaded_targets:
-                loaded_targets[key], figures = export_for_backend(
-                    built["model"],
-                    takes,
-                    precision,
-                    Path(work_dir) / cell["model"],
-                    shape,
-                    built["calib"],
-                    built["val"],
-                    batch=batch,
-                )
-                if figures:
-                    exports.append({"model": cell["model"], **figures})
-            target = loaded_targets[key]
-        (row,) = benchmark(
-            target,
-            shape,
-            backend,
-            precision,
-            (batch,),
-            device,
-            suite["channels_last"] and takes == "model",
-            mode or "default",
-            warmup or suite["warmup"],
-            repeats or suite["repeats"],
-            macs=built["macs"],
-            roofline=roofline,
-            calibration=(x for x, _ in built["calib"]) if built["calib"] is not None else (),
-        )
-        cell.update(row, status="measured", cell_s=round(time.perf_counter() - began, 2))
-    except BackendUnavailable as exc:  # found only once loaded (an ONNX Runtime provider that did not start)
-        settle(cell, "unavailable", str(exc))
-    except Exception as exc:  # noqa: BLE001  (recorded: one broken cell must not end the run)
-        settle(cell, "failed", _one_line(exc))
-        if os.environ.get("EFFVISION_DEBUG"):
-            traceback.print_exc()
-    predictor.record(cell, time.perf_counter() - began)
+@dataclass
+class _Run:
+    """What every cell of one suite run shares."""
+
+    suite: dict
+    device: torch.device
+    shape: list[int]
+    work_dir: Path
+    clock: Clock
+    roofline: Roofline
+    exports: list
+    repeats: int | None
+    warmup: int | None
+    log: Callable[[str], None]
+    predictor: Predictor = field(default_factory=Predictor)
+    exported: dict = field(default_factory=dict)  # one export per model, file type and precision (.pte: and batch)
+
+    def cell(self, cell: dict, built: dict) -> None:
+        """Measure one pending cell, or settle it as failed or skipped; never raises."""
+        backend, precision, batch = cell["backend"], cell["precision"], cell["batch"]
+        if "error" in built:
+            settle(cell, "failed", built["error"])
+            return
+        why = self.clock.would_overrun(self.predictor.predict(cell))
+        if why:
+            settle(cell, "skipped", why)
+            return
+        self.log(f"[{self.clock.elapsed():6.0f}s] {describe(cell)}")
+        began = time.perf_counter()
+        try:
+            takes = get_backend(backend).takes
+            target = built["model"] if takes == "model" else self.export(cell, built, takes)
+            (row,) = benchmark(
+                target,
+                self.shape,
+                backend,
+                precision,
+                (batch,),
+                self.device,
+                self.suite["channels_last"] and takes == "model",
+                cell.get("compile_mode") or "default",
+                self.warmup or self.suite["warmup"],
+                self.repeats or self.suite["repeats"],
+                macs=built["macs"],
+                roofline=self.roofline,
+                calibration=(x for x, _ in built["calib"]) if built["calib"] is not None else (),
+            )
+            cell.update(row, status="measured", cell_s=round(time.perf_counter() - began, 2))
+        except BackendUnavailable as exc:  # found only once loaded (an ONNX Runtime provider that did not start)
+            settle(cell, "unavailable", str(exc))
+        except Exception as exc:  # noqa: BLE001  (recorded: one broken cell must not end the run)
+            settle(cell, "failed", one_line(exc))
+            if os.environ.get("EFFVISION_DEBUG"):
+                traceback.print_exc()
+        self.predictor.record(cell, time.perf_counter() - began)
+
+    def export(self, cell: dict, built: dict, takes: str):
+        key = (cell["model"], takes, cell["precision"], cell["batch"] if takes == ".pte" else None)
+        if key not in self.exported:
+            self.exported[key], figures = export_for_backend(
+                built["model"],
+                takes,
+                cell["precision"],
+                self.work_dir / cell["model"],
+                self.shape,
+                built["calib"],
+                built["val"],
+                batch=cell["batch"],
+            )
+            if figures:
+                self.exports.append({"model": cell["model"], **figures})
+        return self.exported[key]
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:

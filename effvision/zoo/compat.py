@@ -82,9 +82,9 @@ def plain_torch_pruning_error(name: str, size: int, num_classes: int, ratio: flo
     import torch
     import torch_pruning as tp
 
+    from ..errors import one_line
     from ..models.adapters import classifier_of
     from ..models.factory import create_model
-    from .conformance import _one_line
 
     model = create_model(f"timm:{name}", num_classes=num_classes, input_size=[3, size, size]).eval()
     x = torch.randn(1, 3, size, size)
@@ -99,7 +99,7 @@ def plain_torch_pruning_error(name: str, size: int, num_classes: int, ratio: flo
         with torch.inference_mode():
             model(x)
     except Exception as exc:  # noqa: BLE001
-        return _one_line(exc)
+        return one_line(exc, 240)
     return None
 
 
@@ -107,15 +107,15 @@ def export_unpruned_error(name: str, size: int, num_classes: int) -> str | None:
     import tempfile
 
     from ..deploy import export_onnx
+    from ..errors import one_line
     from ..models.factory import create_model
-    from .conformance import _one_line
 
     model = create_model(f"timm:{name}", num_classes=num_classes, input_size=[3, size, size])
     with tempfile.TemporaryDirectory() as tmp:
         try:
             export_onnx(model, f"{tmp}/m.onnx", shape=[3, size, size])
         except Exception as exc:  # noqa: BLE001
-            return _one_line(exc)
+            return one_line(exc, 240)
     return None
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import one_line
+
 STEPS = ("create", "forward", "backward", "prune", "pruned forward", "export", "parity", "int8")
 
 
@@ -47,11 +49,6 @@ class Conformance:
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
-
-
-def _one_line(exc: BaseException) -> str:
-    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
-    return f"{type(exc).__name__}: {text}"[:240]
 
 
 def _announce(on_step, step: str) -> None:
@@ -172,6 +169,6 @@ def run_conformance(
     except StepFailed as exc:
         result.failed_step, result.reason = exc.step, exc.reason
     except Exception as exc:  # noqa: BLE001  (any failure is a row in the table, with its reason)
-        result.failed_step, result.reason = step, _one_line(exc)
+        result.failed_step, result.reason = step, one_line(exc, 240)
     result.seconds = round(time.perf_counter() - start, 2)
     return result

@@ -47,6 +47,8 @@ class _Hider:
 def _install():
     from importlib import metadata
 
+    from packaging.requirements import Requirement
+
     from effvision.gpu_plan import GPU_MACHINE, WHEELS
 
     sys.modules.pop("effvision.gpu_plan")  # `python -m effvision.gpu_plan` runs it afresh, without a warning
@@ -62,11 +64,11 @@ def _install():
         except metadata.PackageNotFoundError:
             continue
         for text in needs:
-            if "extra ==" in text:
+            req = Requirement(text)
+            if req.marker and not req.marker.evaluate({"extra": ""}):
                 continue
-            name = _norm(text.split(";")[0].strip().split(" ")[0].split("[")[0].split("<")[0].split(">")[0])
-            name = _norm(name.split("=")[0].split("!")[0].split("~")[0])
-            if name and name not in allowed and name not in carried:
+            name = _norm(req.name)
+            if name not in allowed and name not in carried:
                 allowed.add(name)
                 todo.append(name)
     hidden = {
