@@ -173,11 +173,15 @@ class RunContext:
         }
         return StageResult(metrics, {kind: path.name})
 
+    def shipped_record(self) -> dict:
+        """The record of the artifact that ships: the last exported file, else the last model."""
+        exported = (r for r in reversed(self.records) if {"onnx", "pte"} & set(r["artifacts"]))
+        models = (r for r in reversed(self.records) if "model" in r["artifacts"])
+        return next(exported, None) or next(models, self.records[-1])
+
     def bench_result(self, measurements: list[dict], extra: dict | None = None) -> StageResult:
         """The bench row describes the artifact that ships (the last exported file, else the last model)."""
-        final = (
-            next((r for r in reversed(self.records) if {"onnx", "pte"} & set(r["artifacts"])), None) or self.records[-1]
-        )
+        final = self.shipped_record()
         keep = ("params", "macs", "size_bytes", "accuracy", "evaluated_with")
         metrics = {k: final.get(k) for k in keep}
         metrics.update(artifact_of=final["name"], time_to_accuracy_s=None, measurements=measurements, **(extra or {}))

@@ -11,7 +11,8 @@ from .errors import EffvisionError
 from .fileio import read_json, write_json, write_text
 
 # Per-stage details kept in metrics.json but too bulky (or internal) for the report.
-_INTERNAL = {"history", "measurements", "fingerprint", "input_model", "artifacts", "index"}
+_INTERNAL = {"history", "measurements", "fingerprint", "input_model", "artifacts", "index", "reference_timing"}
+_TOP_LEVEL = ("reference", "headline")  # a bench stage's, lifted to the report's top level
 
 
 def _stage_dirs(run_dir: Path) -> list[Path]:
@@ -57,18 +58,22 @@ def build_report(run_dir: str | Path) -> dict:
         )
         if r["type"] == "bench":
             row["all_measurements"] = r.get("measurements", [])
+            for key in _TOP_LEVEL:
+                row.pop(key, None)
         stages.append(row)
         for kind, path in r.get("artifacts", {}).items():
             artifacts["checkpoint" if kind == "model" else kind] = path
     dataset = read_json(run_dir / "dataset.json") if (run_dir / "dataset.json").is_file() else None
     if dataset:
         dataset = {k: v for k, v in dataset.items() if k != "bad_files"}
+    last_bench = benches[-1] if benches else {}
     return {
         "recipe": env.get("recipe"),
         "run_dir": str(run_dir),
         "dataset": dataset,
         "stages": stages,
         "artifacts": artifacts,
+        **{key: last_bench.get(key) for key in _TOP_LEVEL},
         "env": {
             k: env.get(k)
             for k in (
@@ -167,9 +172,12 @@ def to_markdown(report: dict) -> str:
                 f"({fmt_bytes(d['bytes_per_sample'])}) "
                 f"of {d['source_points_per_sample']:g} in the files ({fmt_bytes(d['source_bytes_per_sample'])} on disk)"
             )
+    out += headline_lines(report)
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     for s in report["stages"]:
+        if s["type"] == "quantize" and s.get("decision"):
+            out += ["", f"Int8 ({s['name']}): {s['decision']}."] + _int8_details(s)
         if s.get("views"):
             out += [
                 "",
@@ -220,6 +228,45 @@ def to_markdown(report: dict) -> str:
     return "\n".join(out)
 
 
+def headline_lines(report: dict) -> list[str]:
+    """The final artifact against the uncompressed model on one backend (report.md, the CLI)."""
+    h, ref = report.get("headline"), report.get("reference")
+    if not h or not ref:
+        if any(s["type"] == "bench" for s in report["stages"]):
+            return ["", "No headline: no stage compressed the model, or the bench stage ran with `reference: false`."]
+        return []
+    speed = ", ".join(f"{v:.2f}x at b={b}" for b, v in h["speedups"].items())
+    size = f"{h['size_ratio']:.2f}x the size" if h.get("size_ratio") is not None else "size not compared"
+    acc = (
+        f"top-1 {ref['accuracy'] + h['accuracy_delta']:.4f} against {ref['accuracy']:.4f} "
+        f"({100 * h['accuracy_delta']:+.2f} points)"
+        if h.get("accuracy_delta") is not None
+        else "top-1 not compared"
+    )
+    return [
+        "",
+        f"**Headline**: `{h['final']}` against the {ref['what']} ({ref['stage']}), both on {h['backend']}, "
+        f"{ref['timed']}: speed-up {speed}; {size}; {acc}. Per-stage torch figures below are labelled `eager`.",
+    ]
+
+
+def _int8_details(stage: dict) -> list[str]:
+    out = []
+    for g in stage.get("speed_groups") or []:
+        times = ", ".join(f"b={b} {g['p50_ms_int8'][b]:.3f} vs {g['p50_ms_float'][b]:.3f} ms" for b in g["p50_ms_int8"])
+        out.append(f"- speed: {g['group']} ({g['layers']} nodes) int8 vs float: {times} -> {g['decision']}")
+    search = stage.get("accuracy_search")
+    if search:
+        reverted = [r for r in search["ranking"] if r.get("decision") == "reverted"]
+        out.append(
+            f"- accuracy: fp32 {search['fp32_accuracy']:.4f}, all-int8 {search['int8_accuracy']:.4f}, max_drop "
+            f"{search['max_drop']}: {len(reverted)} of {len(search['ranking'])} ranked layers reverted to float"
+            + (f" ({', '.join(r['layer'] for r in reverted[:8])})" if reverted else "")
+            + ("" if search["met"] else "; not met")
+        )
+    return out
+
+
 def _bars(title: str, items: list[tuple[str, float]], fmt: str) -> str:
     if not items:
         return ""
@@ -241,16 +288,22 @@ def _bars(title: str, items: list[tuple[str, float]], fmt: str) -> str:
 def pareto_points(report: dict) -> list[dict]:
     """Per stage: accuracy, latency p50 at the smallest batch and size on disk, and whether it is
     on the Pareto front (no other stage is at least as accurate and at least as fast/small)."""
+    backend = (report.get("headline") or {}).get("backend")
+
+    def latency(s: dict):  # every latency on the plot from one backend: the headline's, when there is one
+        lat = s.get("latency_ms") or {}
+        return lat.get("p50") if backend is None or lat.get("backend") == backend else None
+
     pts = [
-        {
-            "name": s["name"],
-            "accuracy": s["accuracy"],
-            "latency": (s.get("latency_ms") or {}).get("p50"),
-            "size": s.get("size_bytes"),
-        }
+        {"name": s["name"], "accuracy": s["accuracy"], "latency": latency(s), "size": s.get("size_bytes")}
         for s in report["stages"]
         if s["type"] != "bench" and s.get("accuracy") is not None
     ]
+    ref = report.get("reference")
+    if ref and ref.get("accuracy") is not None:
+        pts.insert(
+            0, {"name": "reference", "accuracy": ref["accuracy"], "latency": latency(ref), "size": ref["size_bytes"]}
+        )
     for key in ("latency", "size"):
         for p in pts:
             if p[key] is None:
@@ -279,9 +332,10 @@ def pareto_png(report: dict) -> bytes | None:
     pts = pareto_points(report)
     if not pts:
         return None
+    backend = (report.get("headline") or {}).get("backend")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, xlabel in (
-        (axes[0], "latency", "latency p50 at the smallest batch (ms)"),
+        (axes[0], "latency", f"latency p50 at the smallest batch (ms, {backend or 'as measured'})"),
         (axes[1], "size", "size on disk (kB)"),
     ):
         have = [p for p in pts if p[key] is not None]

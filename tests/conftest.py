@@ -19,6 +19,11 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared (real test data) is not present")
 
 
+# The pipeline tests check the stages' mechanics on a net too small for int8 to pay: they ship
+# int8 whatever it measures (test_int8_search.py and the demo test cover the decisions).
+INT8_ALWAYS = {"require_faster": False, "speed_aware": False}
+
+
 def tiny_recipe(**over) -> dict:
     """A recipe through every stage that runs in seconds: a quarter-width net on 400 digits."""
     raw = {
@@ -38,7 +43,7 @@ def tiny_recipe(**over) -> dict:
             {"type": "prune", "ratio": 0.5},
             {"type": "distill", "epochs": 1},
             {"type": "export"},
-            {"type": "quantize", "calibration": {"n": 64}},
+            {"type": "quantize", "calibration": {"n": 64}, **INT8_ALWAYS},
             {"type": "bench", "warmup": 2, "repeats": 5, "batches": [1, 8]},
         ],
     }

@@ -22,6 +22,7 @@ from pathlib import Path
 import onnx
 import pytest
 import yaml
+from conftest import INT8_ALWAYS
 
 from effvision.cli import main
 from effvision.models import load_checkpoint
@@ -37,7 +38,7 @@ RECIPE = {
         {"name": "baseline", "type": "train", "epochs": 2, "optimizer": "adamw", "lr": 3e-3},
         {"type": "prune", "ratio": 0.5},
         {"type": "export"},
-        {"type": "quantize", "calibration": {"n": 32}},
+        {"type": "quantize", "calibration": {"n": 32}, **INT8_ALWAYS},
         {
             "type": "bench",
             "backends": ["onnxruntime-cpu"],

@@ -81,6 +81,31 @@ def test_each_stage_is_measured(tiny_run):
     assert st["bench"]["latency_ms"]["backend"] == "onnxruntime-cpu" and st["bench"]["artifact_of"] == "quantize"
 
 
+def test_reference_row_and_headline_on_one_backend(tiny_run):
+    """The uncompressed model (the baseline, entering prune) exported to fp32 ONNX, scored on the
+    same validation split and timed interleaved with the final file; the headline is their ratio."""
+    run_dir, report = tiny_run
+    ref, head = report["reference"], report["headline"]
+    st = {s["name"]: s for s in report["stages"]}
+    assert ref["what"] == "uncompressed model, fp32 ONNX" and ref["stage"] == "input of prune"
+    assert ref["backend"] == head["backend"] == "onnxruntime-cpu" and "interleaved" in ref["timed"]
+    assert abs(ref["accuracy"] - st["baseline"]["accuracy"]) <= 1 / 120 + 1e-9  # same model, other runtime
+    assert ref["size_bytes"] == (run_dir / "stages/6-bench/reference.onnx").stat().st_size
+    assert head["final"] == "quantize" and head["batch"] == 1 and set(head["speedups"]) == {"1", "8"}
+    for b in ("1", "8"):
+        assert head["speedups"][b] == pytest.approx(head["reference_p50_ms"][b] / head["final_p50_ms"][b], rel=2e-3)
+    assert head["speedup"] == head["speedups"]["1"] and ref["latency_ms"]["p50"] == head["reference_p50_ms"]["1"]
+    assert head["size_ratio"] == pytest.approx(st["quantize"]["size_bytes"] / ref["size_bytes"], rel=1e-3)
+    assert head["accuracy_delta"] == pytest.approx(st["quantize"]["accuracy"] - ref["accuracy"], abs=1e-6)
+    md = (run_dir / "report.md").read_text()
+    assert "**Headline**: `quantize` against the uncompressed model, fp32 ONNX" in md
+    from effvision.report import pareto_points
+
+    pts = {p["name"]: p for p in pareto_points(report)}  # latencies from onnxruntime-cpu only
+    assert pts["reference"]["latency"] == ref["latency_ms"]["p50"] and pts["export"]["latency"] is not None
+    assert pts["baseline"]["latency"] is None and pts["distill"]["latency"] is None  # eager: table only
+
+
 def test_int8_onnx_is_qdq_with_uint8_activations_and_int8_weights(tiny_run):
     run_dir, _ = tiny_run
     model = onnx.load(str(run_dir / "stages/5-quantize/model.onnx"))

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import INT8_ALWAYS
 
 pytest.importorskip("open3d", exc_type=ImportError, reason="open3d (or libusb-1.0) is not available")
 
@@ -197,7 +198,7 @@ def test_synthetic_shapes_through_the_pipeline(arch, tmp_path, monkeypatch):
                     {"type": "prune", "ratio": 0.3},
                     {"type": "distill", "epochs": 1},
                     {"type": "export"},
-                    {"type": "quantize", "calibration": {"n": 32}},
+                    {"type": "quantize", "calibration": {"n": 32}, **INT8_ALWAYS},
                 ],
             }
         )

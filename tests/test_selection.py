@@ -246,13 +246,13 @@ def test_uniform_weights_train_exactly_like_no_weights():
 
 # ----------------------------------------------------------------------------- stage, calibration, errors
 def _recipe(tmp_path, **select_over):
-    from conftest import tiny_recipe
+    from conftest import INT8_ALWAYS, tiny_recipe
 
     raw = tiny_recipe(
         stages=[
             {"type": "select", "selector": "kcenter", "budget": 100, "proxy": {"epochs": 1}, **select_over},
             {"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3, "hard_fraction": 0.5},
-            {"type": "quantize", "calibration": {"selector": "kcenter", "n": 32}},
+            {"type": "quantize", "calibration": {"selector": "kcenter", "n": 32}, **INT8_ALWAYS},
         ]
     )
     path = tmp_path / "r.yaml"

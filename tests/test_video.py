@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import SHARED, needs_shared
+from conftest import INT8_ALWAYS, SHARED, needs_shared
 
 from effvision.data.frame_samplers import get_sampler, segment_indices
 from effvision.data.synthetic_motion import CLASSES, generate, render_clip, write_mp4
@@ -409,7 +409,7 @@ def test_video_recipe_runs_every_stage(tmp_path, monkeypatch):
                 {"type": "prune", "ratio": 0.5},
                 {"type": "distill", "epochs": 1},
                 {"type": "export"},
-                {"type": "quantize", "calibration": {"n": 8}},
+                {"type": "quantize", "calibration": {"n": 8}, **INT8_ALWAYS},
                 {"type": "evaluate", "clips": 2, "crops": 3},
                 {"type": "bench", "warmup": 1, "repeats": 3, "batches": [1, 2]},
             ],

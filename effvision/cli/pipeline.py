@@ -12,10 +12,13 @@ from .common import ARGV, out, set_option, table
 
 
 def _print_report(report: dict, run_dir: Path) -> None:
-    from ..report import table_rows
+    from ..report import headline_lines, table_rows
 
     head, rows = table_rows(report)
     table(f"effvision: {report['recipe']}", head, rows)
+    for line in headline_lines(report):
+        if line:
+            out.print(line.replace("**", ""), markup=False)
     out.print(f"report: {run_dir / 'report.md'}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -10,12 +11,13 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from ..data.selectors import Budget, CalibrationConfig, SelectorName
+from ..errors import EffvisionError
 from ..recipe import StageConfig
 from ..stage import StageResult, register_stage
 from ..train.config import TrainSettings
 from ..train.loop import fit
 from .prune import prune
-from .quantize import quantize_onnx, resolve_reduce_range
+from .quantize import Int8Builder
 from .selection import ProxyConfig, choose, proxy_factory
 
 
@@ -152,32 +154,107 @@ class QuantizeConfig(StageConfig):
     reduce_range: Union[bool, Literal["auto"]] = Field(
         "auto", description="7-bit weights; auto: when the CPU lacks VNNI"
     )
+    max_drop: Optional[float] = Field(
+        None,
+        description="largest accepted top-1 loss against the fp32 file (absolute, e.g. 0.005); the most "
+        "sensitive layers go back to float until it holds",
+    )
+    require_faster: bool = Field(
+        True, description="ship int8 only when it is measured faster than the fp32 file at every batch"
+    )
+    speed_aware: bool = Field(
+        True, description="keep in float the layer groups (stem, depthwise, classifier, element-wise) measured slower"
+    )
+    batches: Optional[list[int]] = Field(
+        None, description="batches the speed decisions are measured at (default: the bench stage's, else [1])"
+    )
+    warmup: int = Field(5, ge=0)
+    repeats: int = Field(40, ge=4, description="timed calls per file and batch, interleaved in 8 rounds")
+    rank_samples: int = Field(256, ge=8, description="calibration samples the layer sensitivity is measured on")
+
+    @field_validator("max_drop")
+    @classmethod
+    def _drop_in_range(cls, v):
+        if v is not None and not 0 <= v < 1:
+            raise ValueError("max_drop is an absolute top-1 loss in [0, 1)")
+        return v
+
+    @field_validator("batches")
+    @classmethod
+    def _positive_batches(cls, v):
+        if v is not None and (not v or min(v) < 1):
+            raise ValueError("batches must be a non-empty list of positive sizes")
+        return v
+
+
+def _decision_batches(ctx, cfg: QuantizeConfig) -> list[int]:
+    if cfg.batches:
+        return sorted(set(cfg.batches))
+    bench = next((s for s in ctx.recipe.stages if s.type == "bench"), None)
+    return list(bench.batches) if bench is not None else [1]
+
+
+def _samples(loader, n: int) -> np.ndarray:
+    xs, count = [], 0
+    for x, *_ in loader:
+        xs.append(x.numpy())
+        count += len(x)
+        if count >= n:
+            break
+    return np.concatenate(xs)[:n]
 
 
 @register_stage("quantize", QuantizeConfig)
 def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
-    """Post-training static int8 (ONNX Runtime QDQ, U8S8, per-channel)."""
+    """Static int8 (ONNX Runtime QDQ, U8S8, per-channel) that keeps its accuracy (max_drop) and
+    ships only when it pays (require_faster), both measured here."""
+    import tempfile
+
+    from ..deploy import evaluate
+    from .int8_search import Timing, search_int8
+
     src = ctx.onnx
     if src is None:  # no export stage before: export the current model first
         from ..deploy.onnx_export import export_onnx
 
         src = export_onnx(ctx.model, ctx.stage_dir / "fp32.onnx")
-    reduce_range = resolve_reduce_range(cfg.reduce_range)
-    out = quantize_onnx(
-        src,
-        ctx.stage_dir / "model.onnx",
-        ctx.calibration_loader(cfg.calibration),
-        cfg.method,
-        cfg.per_channel,
-        cfg.exclude,
-        reduce_range,
-    )
+    calib = ctx.calibration_loader(cfg.calibration)
+    timing = None
+    if cfg.require_faster or cfg.speed_aware:
+        timing = Timing(
+            ctx.input_shape, _decision_batches(ctx, cfg), cfg.warmup, cfg.repeats, rounds=min(8, cfg.repeats)
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        builder = Int8Builder(src, calib, tmp, cfg.method, cfg.per_channel, cfg.reduce_range)
+        unknown = sorted(set(cfg.exclude) - {n.name for n in builder.nodes})
+        if unknown:
+            raise EffvisionError(f"quantize: exclude names nodes not in {src}: {', '.join(unknown[:5])}")
+        result = search_int8(
+            builder,
+            Path(src),
+            ctx.stage_dir / "model.onnx",
+            timing,
+            cfg.speed_aware,
+            cfg.require_faster,
+            cfg.max_drop,
+            lambda path: evaluate(path, ctx.data.val_loader()),
+            _samples(calib, cfg.rank_samples) if cfg.max_drop is not None else None,
+            set(cfg.exclude),
+        )
+    shutil.rmtree(ctx.stage_dir / "int8-search", ignore_errors=True)
     return ctx.artifact_result(
-        out,
+        result.path,
         extra={
             "calibration": cfg.calibration.model_dump(),
             "method": cfg.method,
-            "reduce_range": reduce_range,
+            "reduce_range": builder.reduce_range,
             "fp32_onnx_bytes": Path(src).stat().st_size,
+            "shipped": result.shipped,
+            "decision": result.decision,
+            "float_layers": sorted(result.float_nodes & set(builder.layers)),
+            "int8_layers": result.layers - len(result.float_nodes & set(builder.layers)),
+            "speed_groups": result.speed_groups,
+            "speed_check": result.speed_check,
+            "accuracy_search": result.accuracy_search,
         },
     )

@@ -144,6 +144,11 @@ class BenchConfig(StageConfig):
     threads: int | None = Field(None, ge=1, description="intra-op threads (default: all cores)")
     roofline: bool = Field(True, description="measure the device's matmul peak and copy bandwidth in the same run")
     targets: Literal["all", "final"] = Field("all", description="every stage's artifact, or only the last of each kind")
+    reference: bool = Field(
+        True,
+        description="time the uncompressed model, exported like the final artifact, interleaved with it: "
+        "the report's headline",
+    )
 
     @field_validator("backends")
     @classmethod
@@ -211,4 +216,11 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
         raise EffvisionError(f"bench: nothing to measure with backends {cfg.backends} on {device.type}")
     plot = plot_sweep(measurements, ctx.stage_dir / "bench.png", f"{ctx.recipe.name}: latency and throughput")
     extra = {"roofline": roofline.summary() if roofline else None, "plots": [plot.name] if plot else []}
+    if cfg.reference:
+        from .reference import measure_reference
+
+        extra.update(
+            measure_reference(ctx, ctx.shipped_record(), cfg.batches, device, cfg.warmup, cfg.repeats)
+            or {"reference": None, "headline": None}
+        )
     return ctx.bench_result(measurements, extra)

@@ -1,0 +1,141 @@
+"""Int8 that keeps its accuracy and pays: the sensitivity ranking reverts a planted broken layer,
+require_faster ships the faster file and speed groups stay float when measured slower. Timing is
+real (ONNX Runtime, interleaved); where a test needs one file slower, a sleep is added to its
+runs, so the decision still comes from measured times."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from effvision.compress.int8_search import Timing, drop_slow_groups, search_int8
+from effvision.compress.quantize import Int8Builder
+from effvision.deploy import backends, export_onnx
+from effvision.deploy.runtime import onnx_predictor
+
+SHAPE = [3, 8, 8]
+PLANT = 1000.0
+MAX_DROP = 0.1  # this random net agrees with itself in int8 on ~94% of inputs; planted, on ~12%
+
+
+class Net(nn.Module):
+    """conv1's channel 0 is always zero, and conv2 weighs it by PLANT: harmless in float, but
+    int8's per-channel weight scale (max |w| / 127) then rounds every other weight of conv2 to 0."""
+
+    def __init__(self, plant: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1, self.conv2, self.conv3 = (
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.Conv2d(8, 8, 3, padding=1),
+        )
+        self.fc = nn.Linear(32, 10)
+        with torch.no_grad():
+            self.conv1.bias[0] = -1000  # channel 0 dead after the ReLU (all-zero weights would give int8 a 0 scale)
+            # Centre the logits on random inputs, so that predictions vary with the input.
+            self.fc.bias -= self(torch.randn(256, *SHAPE, generator=torch.Generator().manual_seed(1))).mean(0)
+            if plant:
+                self.conv2.weight[:, 0] = PLANT
+
+    def forward(self, x):
+        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.conv2(x))
+        x = torch.relu(self.conv3(x))
+        return self.fc(nn.functional.adaptive_avg_pool2d(x, 2).flatten(1))
+
+
+def _files(tmp_path, plant: bool):
+    fp32 = export_onnx(Net(plant).eval(), tmp_path / "fp32.onnx", SHAPE)
+    calib = [(torch.randn(16, *SHAPE, generator=torch.Generator().manual_seed(i)), None) for i in range(4)]
+    builder = Int8Builder(fp32, calib, tmp_path / "work", method="minmax")
+    samples = torch.randn(256, *SHAPE, generator=torch.Generator().manual_seed(99)).numpy()
+    labels = onnx_predictor(fp32)(samples).argmax(1)  # top-1 here: agreement with the fp32 file
+
+    def top1(path) -> float:
+        return float((onnx_predictor(path)(samples).argmax(1) == labels).mean())
+
+    return fp32, builder, samples, top1
+
+
+def _planted_node(builder: Int8Builder) -> str:
+    model = onnx.load(str(builder.pre))
+    huge = {i.name for i in model.graph.initializer if np.abs(onnx.numpy_helper.to_array(i)).max() >= PLANT / 2}
+    return next(n.name for n in builder.nodes if n.op_type == "Conv" and huge & set(n.input[1:2]))
+
+
+def test_sensitivity_ranking_reverts_the_planted_layer(tmp_path):
+    fp32, builder, samples, top1 = _files(tmp_path, plant=True)
+    planted = _planted_node(builder)
+    result = search_int8(builder, fp32, tmp_path / "model.onnx", None, False, False, MAX_DROP, top1, samples[:64])
+    search = result.accuracy_search
+    assert search["int8_accuracy"] < 0.8  # the plant breaks plain int8
+    assert search["ranking"][0]["layer"] == planted and search["ranking"][0]["decision"] == "reverted"
+    assert search["ranking"][0]["sensitivity"] > 10 * max(r["sensitivity"] for r in search["ranking"][1:])
+    assert search["met"] and result.float_nodes == {planted}  # one revert was enough: nothing else went float
+    assert search["steps"] == [
+        {"reverted": 1, "accuracy": pytest.approx(top1(result.path)), "drop": search["steps"][0]["drop"]}
+    ]
+    assert top1(result.path) >= 1 - MAX_DROP and result.shipped == "int8"
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in onnx.load(str(result.path)).graph.node}
+
+
+def test_accuracy_search_leaves_a_healthy_model_alone(tmp_path):
+    fp32, builder, samples, top1 = _files(tmp_path, plant=False)
+    result = search_int8(builder, fp32, tmp_path / "model.onnx", None, False, False, MAX_DROP, top1, samples[:64])
+    assert result.accuracy_search["met"] and result.accuracy_search["ranking"] == [] and not result.float_nodes
+
+
+def _slow_runs(monkeypatch, is_slow):
+    """Every ONNX Runtime session whose file is_slow(path) sleeps 3 ms per run."""
+    load = backends.OnnxRuntime.load
+
+    def slowed(self, path, shape, opts):
+        loaded = load(self, path, shape, opts)
+        if is_slow(path):
+            run = loaded.run
+            loaded.run = lambda x: (time.sleep(0.003), run(x))[1]
+        return loaded
+
+    monkeypatch.setattr(backends.OnnxRuntime, "load", slowed)
+
+
+@pytest.mark.parametrize("slow", ["int8", "fp32"])
+def test_require_faster_ships_the_faster_file(slow, tmp_path, monkeypatch):
+    from effvision.deploy.runtime import onnx_precision
+
+    fp32, builder, samples, top1 = _files(tmp_path, plant=False)
+    _slow_runs(monkeypatch, lambda path: onnx_precision(path) == slow)
+    timing = Timing(SHAPE, [1, 4], warmup=1, repeats=8, rounds=4)
+    result = search_int8(builder, fp32, tmp_path / "model.onnx", timing, False, True, None, top1, samples)
+    check = result.speed_check
+    assert result.shipped == ("fp32" if slow == "int8" else "int8")
+    assert onnx_precision(result.path) == result.shipped
+    assert check["int8_slower_at"] == ([1, 4] if slow == "int8" else [])
+    for b in (1, 4):  # both timings recorded, and the slowed file measured slower
+        other = "fp32" if slow == "int8" else "int8"
+        assert check["p50_ms"][slow][b] > check["p50_ms"][other][b] + 2.5
+    assert ("not faster than fp32" in result.decision) == (slow == "int8")
+
+
+def test_a_group_measured_slower_in_int8_stays_float(tmp_path, monkeypatch):
+    fp32, builder, samples, _ = _files(tmp_path, plant=False)
+
+    def classifier_in_int8(path) -> bool:
+        graph = onnx.load(str(path)).graph
+        dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+        return any(n.op_type == "Gemm" and dequantized & set(n.input[:1]) for n in graph.node)
+
+    _slow_runs(monkeypatch, classifier_in_int8)
+    timing = Timing(SHAPE, [1], warmup=1, repeats=8, rounds=4)
+    float_nodes, decisions = drop_slow_groups(builder, timing, tmp_path, set())
+    by_group = {d["group"]: d["decision"] for d in decisions}
+    assert by_group["classifier"] == "float"
+    gemm = next(n.name for n in builder.nodes if n.op_type == "Gemm")
+    assert gemm in float_nodes
+    assert set(by_group) == {"stem conv", "classifier", "element-wise and pooling"}
