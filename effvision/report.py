@@ -11,7 +11,7 @@ from .errors import EffvisionError
 from .fileio import read_json, write_json, write_text
 
 # Per-stage details kept in metrics.json but too bulky (or internal) for the report.
-_INTERNAL = {"history", "measurements", "fingerprint", "input_model", "artifacts", "index", "reference_timing"}
+_INTERNAL = {"history", "measurements", "fingerprint", "input_model", "artifacts", "index"}
 _TOP_LEVEL = ("reference", "headline")  # a bench stage's, lifted to the report's top level
 
 

@@ -1,10 +1,11 @@
 """The run's reference: the uncompressed model (the one entering the first compression stage),
-exported to the backend the final artifact runs on, scored on the same validation data and timed
-interleaved with the final artifact in one process. The report's headline is final against it, so
-a change of runtime is never counted as compression."""
+exported like the final artifact, scored on the same validation data and timed interleaved with
+the final artifact in one process. The report's headline is final against it, so a change of
+runtime is never counted as compression."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,7 +13,20 @@ import torch
 from ..progress import log
 
 COMPRESSING = ("prune", "distill", "quantize")
+NAME = "reference"  # its rows in the bench stage's measurements
 _WHAT = {"onnx": "fp32 ONNX", "pte": "fp32 ExecuTorch program", "model": "fp32 PyTorch model"}
+
+
+@dataclass
+class Reference:
+    kind: str  # what ships, and so how the reference is exported: onnx, pte or model
+    backend: str
+    model: torch.nn.Module
+    entering: str  # the first compression stage
+    final: dict  # the shipped stage's record
+    accuracy: float | None = None
+    size_bytes: int | None = None
+    onnx: Path | None = None
 
 
 def reference_record(records: list[dict]) -> dict | None:
@@ -29,86 +43,85 @@ def deployment_backend(kind: str, device: torch.device) -> str:
     return {"pte": "executorch", "model": "torch-eager"}[kind]
 
 
-def _final_target(ctx, final: dict):
-    """(kind, target, precision) of the artifact that ships."""
-    from .runtime import onnx_precision
-
-    arts = final["artifacts"]
-    if "onnx" in arts:
-        path = ctx.run_dir / arts["onnx"]
-        return "onnx", path, onnx_precision(path)
-    if "pte" in arts:
-        return "pte", ctx.run_dir / arts["pte"], final.get("precision", "fp32")
-    from ..models import load_checkpoint
-
-    return "model", load_checkpoint(ctx.run_dir / arts["model"]), "fp32"
-
-
-def measure_reference(ctx, final: dict, batches: list[int], device, warmup: int, repeats: int) -> dict | None:
-    """{'reference', 'headline', 'reference_timing'} for the report, or None when no stage compressed."""
+def prepare_reference(ctx, device) -> Reference | None:
+    """Export the reference like the shipped artifact (fp32 ONNX beside the bench stage for an
+    ONNX file) and score it on the validation split in that runtime; None when nothing compressed."""
     from ..models import load_checkpoint
     from . import evaluate
-    from .backends import backend as get_backend
-    from .bench import batch_groups, compare
-    from .exporters import export_for_backend
     from .onnx_export import export_onnx
 
     first = reference_record(ctx.records)
     if first is None:
         return None
-    kind, final_target, final_precision = _final_target(ctx, final)
-    backend = deployment_backend(kind, device)
-    model = load_checkpoint(ctx.run_dir / first["input_model"])
-    log(f"  reference: the model entering '{first['name']}', {_WHAT[kind]} on {backend}")
-    rounds = min(10, repeats)
-    rows, size, accuracy = [], None, None
-    for group in batch_groups(get_backend(backend).takes, batches):
-        if kind == "onnx":
-            ref = export_onnx(model, ctx.stage_dir / "reference.onnx", ctx.input_shape)
-        elif kind == "pte":
-            ref = export_for_backend(model, ".pte", "fp32", ctx.stage_dir, ctx.input_shape, batch=group[0])[0]
+    final = ctx.shipped_record()
+    arts = final["artifacts"]
+    kind = "onnx" if "onnx" in arts else "pte" if "pte" in arts else "model"
+    path = ctx.run_dir / first["input_model"]
+    ref = Reference(kind, deployment_backend(kind, device), load_checkpoint(path), first["name"], final)
+    log(f"  reference: the model entering '{first['name']}', {_WHAT[kind]} on {ref.backend}")
+    if kind == "onnx":
+        ref.onnx = export_onnx(ref.model, ctx.stage_dir / "reference.onnx", ctx.input_shape)
+        ref.accuracy, ref.size_bytes = evaluate(ref.onnx, ctx.data.val_loader()), ref.onnx.stat().st_size
+    else:  # a .pte program runs one batch size: its accuracy is the PyTorch model's, as its export was verified
+        ref.accuracy, ref.size_bytes = evaluate(ref.model, ctx.data.val_loader()), path.stat().st_size
+    return ref
+
+
+def time_against_final(ctx, ref: Reference, batches: list[int], device, warmup: int, repeats: int) -> list[dict]:
+    """Rows for a reference that the bench stage's own interleaved ONNX timing does not cover
+    (a .pte or a torch model ships): reference and final side by side on the final's backend."""
+    from ..models import load_checkpoint
+    from .backends import backend as get_backend
+    from .bench import batch_groups, compare
+    from .exporters import export_for_backend
+
+    arts, rows = ref.final["artifacts"], []
+    for group in batch_groups(get_backend(ref.backend).takes, batches):
+        if ref.kind == "pte":
+            target = export_for_backend(ref.model, ".pte", "fp32", ctx.stage_dir, ctx.input_shape, batch=group[0])[0]
+            final = (ctx.run_dir / arts["pte"], ref.final.get("precision", "fp32"))
         else:
-            ref = model
-        if accuracy is None:
-            accuracy = evaluate(ref, ctx.data.val_loader())
-            size = (
-                Path(ref).stat().st_size if kind != "model" else Path(ctx.run_dir / first["input_model"]).stat().st_size
-            )
-        targets = {"reference": (ref, "fp32"), "final": (final_target, final_precision)}
-        rows += compare(targets, ctx.input_shape, backend, group, device, warmup, repeats, rounds)
-    p50 = {(r["target"], r["batch"]): r for r in rows}
-    lat_batch = min(batches)
-    ref_row = p50[("reference", lat_batch)]
+            target, final = ref.model, (load_checkpoint(ctx.run_dir / arts["model"]), "fp32")
+        targets = {NAME: (target, "fp32"), ref.final["name"]: final}
+        rows += compare(targets, ctx.input_shape, ref.backend, group, device, warmup, repeats, min(10, repeats))
+    return [{"stage": r.pop("target"), **r} for r in rows]
+
+
+def headline(ref: Reference, rows: list[dict], batches: list[int]) -> dict:
+    """{'reference', 'headline'} for the report, from interleaved rows of the reference and the
+    shipped stage on the reference's backend."""
+    final = ref.final
+    pick = {(r["stage"], r["batch"]): r for r in rows if r["backend"] == ref.backend and "interleaved" in r}
+    lat_batch, tp_batch = min(batches), max(batches)
+    ref_row = pick[(NAME, lat_batch)]
     reference = {
-        "what": f"uncompressed model, {_WHAT[kind]}",
-        "stage": f"input of {first['name']}",
-        "backend": backend,
-        "accuracy": accuracy,
-        "size_bytes": size,
-        "latency_ms": {k: ref_row[k] for k in ("batch", "p50", "p90", "p99")} | {"backend": backend},
+        "what": f"uncompressed model, {_WHAT[ref.kind]}",
+        "stage": f"input of {ref.entering}",
+        "backend": ref.backend,
+        "accuracy": ref.accuracy,
+        "size_bytes": ref.size_bytes,
+        "latency_ms": {"backend": ref.backend, **{k: ref_row[k] for k in ("batch", "p50", "p90", "p99")}},
         "throughput": {
-            "backend": backend,
-            "batch": max(batches),
-            "samples_per_s": p50[("reference", max(batches))]["samples_per_s"],
+            "backend": ref.backend,
+            "batch": tp_batch,
+            "samples_per_s": pick[(NAME, tp_batch)]["samples_per_s"],
         },
-        "timed": f"interleaved with the final artifact, {rounds} rounds",
+        "timed": f"interleaved with the final artifact, {ref_row['interleaved']['rounds']} rounds",
     }
-    speedups = {b: round(p50[("reference", b)]["p50"] / p50[("final", b)]["p50"], 3) for b in batches}
-    final_size = final.get("size_bytes")
-    headline = {
+    speedups = {b: round(pick[(NAME, b)]["p50"] / pick[(final["name"], b)]["p50"], 3) for b in batches}
+    size = final.get("size_bytes")
+    summary = {
         "speedup": speedups[lat_batch],
-        "size_ratio": round(final_size / size, 4) if final_size and size else None,
-        "accuracy_delta": round(final["accuracy"] - accuracy, 6) if final.get("accuracy") is not None else None,
-        "backend": backend,
+        "size_ratio": round(size / ref.size_bytes, 4) if size and ref.size_bytes else None,
+        "accuracy_delta": (
+            round(final["accuracy"] - ref.accuracy, 6) if None not in (final.get("accuracy"), ref.accuracy) else None
+        ),
+        "backend": ref.backend,
         "batch": lat_batch,
         "speedups": speedups,
         "final": final["name"],
-        "final_p50_ms": {b: p50[("final", b)]["p50"] for b in batches},
-        "reference_p50_ms": {b: p50[("reference", b)]["p50"] for b in batches},
+        "final_p50_ms": {b: pick[(final["name"], b)]["p50"] for b in batches},
+        "reference_p50_ms": {b: pick[(NAME, b)]["p50"] for b in batches},
     }
-    log(
-        "  headline: "
-        + ", ".join(f"{s:.2f}x at b={b}" for b, s in speedups.items())
-        + f" vs the reference on {backend}"
-    )
-    return {"reference": reference, "headline": headline, "reference_timing": rows}
+    log("  headline: " + ", ".join(f"{s:.2f}x at b={b}" for b, s in speedups.items()) + f" on {ref.backend}")
+    return {"reference": reference, "headline": summary}

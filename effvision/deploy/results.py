@@ -36,6 +36,8 @@ def _mib(mem) -> str:
 def _notes(row: dict) -> str:
     """What a reader needs to judge the row: how it was quantized and how much of it."""
     notes = [row["quantization"]] if row.get("quantization") else []
+    if row.get("interleaved"):
+        notes.append(f"interleaved with {len(row['interleaved']['with'])} more")
     if row.get("quantized_layers") is not None:
         notes.append(f"{row['quantized_layers']} layers quantized")
     return "; ".join(notes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+import torch
 from pydantic import Field, field_validator
 
 from ..data.selectors import CalibrationConfig
@@ -12,7 +13,7 @@ from ..errors import EffvisionError
 from ..recipe import StageConfig
 from ..registry import BACKENDS, EXPORTERS
 from ..stage import StageResult, register_stage
-from .bench import benchmark
+from .bench import add_roofline, benchmark, compare
 from .exporters import export_verified
 
 
@@ -168,28 +169,28 @@ class BenchConfig(StageConfig):
 @register_stage("bench", BenchConfig)
 def run_bench(ctx, cfg: BenchConfig) -> StageResult:
     """Latency p50/p90/p99, throughput, memory and share of the device's peak for the stages'
-    artifacts, with a plot of the batch sweep."""
+    artifacts, with a plot of the batch sweep. ONNX files (and the reference) are timed side by
+    side, interleaved, on each ONNX Runtime backend; the headline comes from those rows."""
     from ..device import resolve_device
     from ..models import count_macs
+    from .reference import NAME, headline, prepare_reference, time_against_final
     from .results import plot_sweep
     from .roofline import Roofline
     from .runtime import onnx_precision
 
     device = resolve_device(cfg.device)
     roofline = Roofline(device) if cfg.roofline else None
-    measurements = []
+    ref = prepare_reference(ctx, device) if cfg.reference else None
+    measurements, files = [], {}  # files: backend -> {name: (path, precision, macs)}, timed together
     for stage, kind, artifact in ctx.artifacts_to_bench(cfg.targets):
         macs = count_macs(artifact, ctx.input_shape) if kind == "model" else ctx.records_by_name[stage].get("macs")
         for backend in (b for b in cfg.backends if b in _RUNS[kind]):
             if BACKENDS.get(backend).missing() or device.type not in BACKENDS.get(backend).supports:
                 continue
-            precisions = (
-                cfg.precisions
-                if kind == "model"
-                else [
-                    onnx_precision(artifact) if kind == "onnx" else ctx.records_by_name[stage].get("precision", "fp32")
-                ]
-            )
+            if kind == "onnx":
+                files.setdefault(backend, {})[stage] = (artifact, onnx_precision(artifact), macs)
+                continue
+            precisions = cfg.precisions if kind == "model" else [ctx.records_by_name[stage].get("precision", "fp32")]
             batches = cfg.batches
             if kind == "pte":  # a program runs the batch size it was exported for
                 from .executorch_export import pte_input_shape
@@ -212,15 +213,33 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
                     roofline=roofline,
                 )
                 measurements += [{"stage": stage, **r} for r in rows]
+    if ref is not None and ref.kind == "onnx":  # the shipped file and the reference, whatever `backends` says
+        shipped = ref.final["name"]
+        timed = files.setdefault(ref.backend, {})
+        timed.setdefault(shipped, (ctx.run_dir / ref.final["artifacts"]["onnx"], None, ref.final.get("macs")))
+        timed[NAME] = (ref.onnx, "fp32", count_macs(ref.model, ctx.input_shape))
+    for backend, targets in files.items():
+        on = device if device.type in BACKENDS.get(backend).supports else torch.device("cpu")
+        rows = compare(
+            {n: (path, precision or onnx_precision(path)) for n, (path, precision, _) in targets.items()},
+            ctx.input_shape,
+            backend,
+            cfg.batches,
+            on,
+            cfg.warmup,
+            cfg.repeats,
+            min(10, cfg.repeats),
+            cfg.threads,
+        )
+        order = list(targets)
+        for r in sorted(rows, key=lambda r: (order.index(r["target"]), r["batch"])):
+            name = r.pop("target")
+            measurements.append({"stage": name, **add_roofline(r, targets[name][2], roofline)})
+    if ref is not None and ref.kind != "onnx":
+        measurements += time_against_final(ctx, ref, cfg.batches, device, cfg.warmup, cfg.repeats)
     if not measurements:
         raise EffvisionError(f"bench: nothing to measure with backends {cfg.backends} on {device.type}")
     plot = plot_sweep(measurements, ctx.stage_dir / "bench.png", f"{ctx.recipe.name}: latency and throughput")
     extra = {"roofline": roofline.summary() if roofline else None, "plots": [plot.name] if plot else []}
-    if cfg.reference:
-        from .reference import measure_reference
-
-        extra.update(
-            measure_reference(ctx, ctx.shipped_record(), cfg.batches, device, cfg.warmup, cfg.repeats)
-            or {"reference": None, "headline": None}
-        )
+    extra.update(headline(ref, measurements, cfg.batches) if ref else {"reference": None, "headline": None})
     return ctx.bench_result(measurements, extra)
