@@ -63,6 +63,12 @@ def _files(tmp_path, plant: bool):
     return fp32, builder, samples, top1
 
 
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    """One exported, pre-processed and calibrated net shared by the tests (each writes its own files)."""
+    return _files(tmp_path_factory.mktemp("healthy"), plant=False)
+
+
 def _planted_node(builder: Int8Builder) -> str:
     model = onnx.load(str(builder.pre))
     huge = {i.name for i in model.graph.initializer if np.abs(onnx.numpy_helper.to_array(i)).max() >= PLANT / 2}
@@ -85,8 +91,8 @@ def test_sensitivity_ranking_reverts_the_planted_layer(tmp_path):
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in onnx.load(str(result.path)).graph.node}
 
 
-def test_accuracy_search_leaves_a_healthy_model_alone(tmp_path):
-    fp32, builder, samples, top1 = _files(tmp_path, plant=False)
+def test_accuracy_search_leaves_a_healthy_model_alone(healthy, tmp_path):
+    fp32, builder, samples, top1 = healthy
     result = search_int8(builder, fp32, tmp_path / "model.onnx", None, False, False, MAX_DROP, top1, samples[:64])
     assert result.accuracy_search["met"] and result.accuracy_search["ranking"] == [] and not result.float_nodes
 
@@ -106,10 +112,10 @@ def _slow_runs(monkeypatch, is_slow):
 
 
 @pytest.mark.parametrize("slow", ["int8", "fp32"])
-def test_require_faster_ships_the_faster_file(slow, tmp_path, monkeypatch):
+def test_require_faster_ships_the_faster_file(slow, healthy, tmp_path, monkeypatch):
     from effvision.deploy.runtime import onnx_precision
 
-    fp32, builder, samples, top1 = _files(tmp_path, plant=False)
+    fp32, builder, samples, top1 = healthy
     _slow_runs(monkeypatch, lambda path: onnx_precision(path) == slow)
     timing = Timing(SHAPE, [1, 4], warmup=1, repeats=8, rounds=4)
     result = search_int8(builder, fp32, tmp_path / "model.onnx", timing, False, True, None, top1, samples)
@@ -123,8 +129,8 @@ def test_require_faster_ships_the_faster_file(slow, tmp_path, monkeypatch):
     assert ("not faster than fp32" in result.decision) == (slow == "int8")
 
 
-def test_a_group_measured_slower_in_int8_stays_float(tmp_path, monkeypatch):
-    fp32, builder, samples, _ = _files(tmp_path, plant=False)
+def test_a_group_measured_slower_in_int8_stays_float(healthy, tmp_path, monkeypatch):
+    fp32, builder, samples, _ = healthy
 
     def classifier_in_int8(path) -> bool:
         graph = onnx.load(str(path)).graph
