@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo lint format test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu gpu-bench gpu-speedrun gpu-data gpu-wheels gpu-rehearse sysdeps clean help
+.PHONY: install demo lint format test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu bench-int8 gpu-bench gpu-speedrun gpu-data gpu-wheels gpu-rehearse sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench-data  - data efficiency studies: CIFAR-10 selection and compression, digits calibration sets (BENCHMARKS.md)"
 	@echo "make bench-speed - time to 80% on CIFAR-10: the speed recipe against its plain preset, 2 seeds (BENCHMARKS.md), about 55 min on 2 cores"
 	@echo "make bench-cpu   - the CPU deployment benchmark (BENCHMARKS.md), about 30 min on 2 cores"
+	@echo "make bench-int8  - int8 that pays and keeps its accuracy: the four demo recipes, ResNet-18 at 224 px, two PTQ-lossy zoo nets (BENCHMARKS.md), about 60 min"
 	@echo "make gpu-bench   - on a GPU machine: the GPU deployment suite, 330 s budget, results in \$$OUT (BENCHMARKS.md, GPU plan)"
 	@echo "make gpu-speedrun - on a GPU machine: the speed recipe's h200 preset to 94%, 3 seeds, 220 s budget"
 	@echo "make gpu-data    - xz the CIFAR-10 zips from ../shared/datasets into .data/cifar10-xz (about 19 MiB) for the speed run"
@@ -118,6 +119,18 @@ bench-cpu: $(STAMP)
 	@test -f $(R18_RUN)/stages/2-finetune/model.pt || $(BIN)/effvision train compress/resnet18_cifar10.yaml --set data.root=../shared/datasets --run-dir $(R18_RUN)
 	EFFVISION_QUIET=1 $(BIN)/python -m effvision.deploy.suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test \
 	  --weights resnet18=$(R18_RUN)/stages/2-finetune/model.pt
+
+# Int8 that pays and keeps its accuracy (BENCHMARKS.md): every demo recipe with its reference row and
+# headline, ResNet-18 at 224 px (where int8 pays), and accuracy-aware int8 on two zoo nets that
+# plain post-training int8 costs more than a point.
+bench-int8: $(STAMP)
+	$(BIN)/effvision compress compress/default.yaml --run-dir runs/int8-demo
+	$(BIN)/effvision compress compress/points-default.yaml --run-dir runs/int8-points
+	$(BIN)/effvision compress compress/video-default.yaml --run-dir runs/int8-video
+	$(BIN)/effvision compress compress/cifar10.yaml --set data.root=../shared/datasets --run-dir runs/int8-cifar10
+	$(BIN)/effvision compress compress/resnet18-int8-224.yaml --set data.root=../shared/datasets --run-dir runs/int8-resnet18-224
+	$(BIN)/effvision compress compress/int8-accuracy.yaml --run-dir runs/int8-accuracy-mobilenetv3
+	$(BIN)/effvision compress compress/int8-accuracy.yaml --set model.name=repvit_m0_9 --run-dir runs/int8-accuracy-repvit
 
 # The GPU plan (BENCHMARKS.md, "GPU plan"): two commands for a lent machine with one CUDA GPU, its
 # own python3 and no package registry. effvision/gpu_plan.py holds what each needs and carries, a

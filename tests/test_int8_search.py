@@ -145,3 +145,31 @@ def test_a_group_measured_slower_in_int8_stays_float(healthy, tmp_path, monkeypa
     gemm = next(n.name for n in builder.nodes if n.op_type == "Gemm")
     assert gemm in float_nodes
     assert set(by_group) == {"stem conv", "classifier", "element-wise and pooling"}
+
+
+def test_float_nodes_compute_in_float_in_onnx_runtime(tmp_path):
+    """Every node kept float gives back the fp32 file's logits exactly (no quantize-dequantize
+    left, the ReLUs the quantizer folded applied again, HardSwish's inlined unnamed nodes found
+    by name); float layers read float weights, not dequantized ones."""
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.Hardswish(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    ).eval()
+    fp32 = export_onnx(net, tmp_path / "fp32.onnx", SHAPE)
+    calib = [(torch.randn(16, *SHAPE, generator=torch.Generator().manual_seed(0)), None)]
+    builder = Int8Builder(fp32, calib, tmp_path / "work", method="minmax")
+    x = torch.randn(32, *SHAPE, generator=torch.Generator().manual_seed(1)).numpy()
+    ref = onnx_predictor(fp32)(x)
+    every = builder.write(tmp_path / "all.onnx", [n.name for n in builder.nodes])
+    assert np.abs(onnx_predictor(every)(x) - ref).max() < 1e-5
+    assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in onnx.load(str(every)).graph.node}
+    layers = onnx.load(str(builder.write(tmp_path / "layers.onnx", builder.layers))).graph
+    dequantized = {o for n in layers.node if n.op_type == "DequantizeLinear" for o in n.output}
+    weighted = [n for n in layers.node if n.name in builder.layers]
+    assert len(weighted) == 3 and not any(dequantized & set(n.input[1:]) for n in weighted)
+    assert np.abs(onnx_predictor(tmp_path / "layers.onnx")(x) - ref).max() > 0  # activations still int8

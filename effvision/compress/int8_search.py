@@ -67,7 +67,7 @@ def speed_groups(builder: Int8Builder) -> list[tuple[str, list[str]]]:
         "classifier": [n.name for n in builder.nodes if n.op_type in ("Gemm", "MatMul")][-1:],
         "element-wise and pooling": [n.name for n in builder.nodes if n.op_type not in weighted],
     }
-    return [(name, nodes) for name, nodes in groups.items() if nodes]
+    return [(name, [n for n in nodes if n]) for name, nodes in groups.items() if any(nodes)]
 
 
 def drop_slow_groups(builder: Int8Builder, timing: Timing, work: Path, float_nodes: set[str]):

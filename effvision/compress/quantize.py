@@ -17,6 +17,7 @@ from ..fileio import atomic_write
 CALIBRATION = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
 # Layers with weights: what accuracy-aware quantization ranks and may revert to float.
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+FOLDED = ("Relu", "Clip")  # activations ONNX Runtime's quantizer folds into the next QuantizeLinear
 
 
 class _Reader:
@@ -62,12 +63,30 @@ def _preprocess(src: Path, dst: Path, tmp: Path) -> None:
             # run time (TSM's shift masks, a point network's TopK groups); ONNX's own shape
             # inference is enough for the quantizer then.
             quant_pre_process(str(src), str(dst), skip_symbolic_shape=True)
+    _name_every_node(dst)
+
+
+def _name_every_node(path: Path) -> None:
+    """Nodes inlined from functions (HardSwish's HardSigmoid and Mul) come unnamed; a layer that
+    may go back to float must be found by name."""
+    import onnx
+
+    model = onnx.load(str(path))
+    taken = {n.name for n in model.graph.node}
+    unnamed = [n for n in model.graph.node if not n.name]
+    for i, node in enumerate(unnamed):
+        node.name = f"{node.op_type}_{i}"
+        while node.name in taken:
+            node.name += "_"
+        taken.add(node.name)
+    if unnamed:
+        onnx.save(model, str(path))
 
 
 class Int8Builder:
-    """One fp32 ONNX file prepared for int8 once (pre-processing, calibration cached in `work`),
-    then `write(dst, float_nodes)` for each variant: the calibration runs on the first write only,
-    so trying many layer choices costs a quantizer pass each, not a calibration each."""
+    """One fp32 ONNX file prepared for int8 once (pre-processed, calibrated and quantized in
+    `work`), then `write(dst, float_nodes)` for each variant that keeps some nodes float: trying
+    many layer choices costs a graph edit each, not a calibration and a quantizer pass each."""
 
     def __init__(
         self,
@@ -90,8 +109,8 @@ class Int8Builder:
         self.input_name = ort_session(self.src).get_inputs()[0].name
         self.work.mkdir(parents=True, exist_ok=True)
         self.pre = self.work / "pre.onnx"
-        self.cache = self.work / "calibration.json"
         self._loader = calib_loader
+        self._int8 = self._pre = None  # the every-layer int8 model (made on the first write) and the float one
         _preprocess(self.src, self.pre, self.work)
         self.nodes = list(onnx.load(str(self.pre), load_external_data=False).graph.node)
 
@@ -101,59 +120,119 @@ class Int8Builder:
         return [n.name for n in self.nodes if n.op_type in WEIGHTED_OPS]
 
     def write(self, dst: str | Path, float_nodes: Iterable[str] = ()) -> Path:
-        """The int8 file with `float_nodes` (node names) left in float."""
-        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+        """The int8 file with `float_nodes` (node names) computing in float: the every-layer int8
+        graph is quantized once; each variant restores the named nodes' original inputs (float
+        weights, float activations), which takes milliseconds where a quantizer pass takes seconds."""
+        import onnx
 
-        reader = None if self.cache.is_file() else _Reader(self._loader, self.input_name)
+        if self._int8 is None:
+            self._int8 = onnx.load(str(self._quantize(self.work / "int8-all.onnx")))
+        model = onnx.ModelProto()
+        model.CopyFrom(self._int8)
+        if self._pre is None:
+            self._pre = onnx.load(str(self.pre))
+        restore_float(model, self._pre, set(float_nodes))
+        return atomic_write(dst, lambda out: onnx.save(model, str(out)))
+
+    def _quantize(self, dst: Path) -> Path:
+        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
         def write(out: Path) -> None:
             with contextlib.redirect_stdout(io.StringIO()):
                 quantize_static(
                     str(self.pre),
                     str(out),
-                    reader,
+                    _Reader(self._loader, self.input_name),
                     quant_format=QuantFormat.QDQ,
                     activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8,
                     per_channel=self.per_channel,
                     reduce_range=self.reduce_range,
                     calibrate_method=getattr(CalibrationMethod, CALIBRATION[self.method]),
-                    nodes_to_exclude=sorted(float_nodes),
-                    # A float node's input must not rely on a quantizer that dropped a Relu
-                    # into the range of a QuantizeLinear (keep_float bypasses that pair).
-                    extra_options={
-                        "CalibTensorRangeSymmetric": False,
-                        "QDQKeepRemovableActivations": bool(float_nodes),
-                    },
-                    calibration_cache_path=str(self.cache),
+                    extra_options={"CalibTensorRangeSymmetric": False},
                 )
 
-        path = atomic_write(dst, write)
-        if float_nodes:
-            keep_float(path, set(float_nodes))
-        return path
+        return atomic_write(dst, write)
 
 
-def keep_float(path: Path, names: set[str]) -> None:
-    """Feed the named nodes float activations instead of dequantized ones. ONNX Runtime's graph
-    optimizer quantizes the weights of a float Conv or Gemm that sits between a DequantizeLinear
-    and a QuantizeLinear (its WeightBiasQuantization pass), so excluding a node from the quantizer
-    is not enough to keep it float in the session that runs the file."""
+def restore_float(model, pre, names: set[str]) -> None:
+    """Give the named nodes of a QDQ model the inputs they had before quantization (`pre`): float
+    weights and biases instead of dequantized ones, float activations instead of quantize-
+    dequantize pairs. Rewiring the inputs, not just skipping the node in the quantizer, is what
+    keeps it float: ONNX Runtime's optimizer quantizes the weights of a float Conv or Gemm that
+    sits between a DequantizeLinear and a QuantizeLinear (its WeightBiasQuantization pass)."""
+    names = {n for n in names if n}  # an unnamed node cannot be told apart: it stays as quantized
+    if not names:
+        return
     import onnx
 
-    model = onnx.load(str(path))
-    graph = model.graph
-    producer = {o: n for n in graph.node for o in n.output}
+    graph, original = model.graph, {n.name: n for n in pre.graph.node if n.name}
+    missing = sorted(names - set(original))  # a name in `pre` but not here was folded away: nothing to restore
+    if missing:
+        raise EffvisionError(f"no node named {', '.join(missing[:5])} in {pre.graph.name or 'the model'}")
+    made_by = {t: n for n in graph.node for t in n.output}
+    made_by_before = {t: n for n in pre.graph.node for t in n.output}
+    floats = {i.name: i for i in pre.graph.initializer}
+    present = {i.name for i in graph.initializer}
+    available = present | set(made_by) | {i.name for i in graph.input} | {""}
+
+    def weight(t: str) -> str:
+        """t's float initializer, under a free name (a DequantizeLinear may output t itself)."""
+        if t not in floats or t in present:
+            return t
+        name = t if t not in available else f"{t}_float"
+        init = onnx.TensorProto()
+        init.CopyFrom(floats[t])
+        init.name = name
+        graph.initializer.append(init)
+        present.add(name)
+        available.add(name)
+        return name
+
+    before: dict[str, list] = {}  # nodes to insert ahead of a node, keeping the graph in order
     for node in graph.node:
         if node.name not in names:
             continue
-        for i, tensor in enumerate(node.input):
-            dq = producer.get(tensor)
-            q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-            if q is not None and q.op_type == "QuantizeLinear":
-                node.input[i] = q.input[0]
-    used = {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
-    while True:  # drop the quantize/dequantize pairs nothing reads any more
+        inputs = list(original[node.name].input)
+        lost = [t for t in inputs if t not in available and t not in floats]
+        if lost:
+            raise EffvisionError(f"cannot keep {node.name} in float: the quantizer removed its input {lost[0]}")
+        for i, t in enumerate(inputs):
+            act = made_by_before.get(t)
+            if act is not None and act.op_type in FOLDED and made_by.get(t, act).op_type != act.op_type:
+                # The quantizer folded this ReLU or Clip into a QuantizeLinear's range (t now holds
+                # its input): a float reader needs it applied again.
+                redo = onnx.NodeProto()
+                redo.CopyFrom(act)
+                redo.name, redo.output[0] = f"{act.name}_float", f"{t}_float"
+                redo.input[:] = [t] + [weight(x) for x in act.input[1:]]
+                if redo.output[0] not in available:
+                    before.setdefault(node.name, []).append(redo)
+                    available.add(redo.output[0])
+                inputs[i] = redo.output[0]
+            else:
+                inputs[i] = weight(t)
+        node.input[:] = inputs
+    for out in graph.output:  # a float node's output leaves the graph unquantized too
+        dq = made_by.get(out.name)
+        q = made_by.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        source = made_by.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
+        if source is not None and source.name in names:
+            old = q.input[0]
+            dq.output[0] = f"{out.name}_unused"  # the pair loses its reader and goes below
+            for n in graph.node:
+                n.input[:] = [out.name if t == old else t for t in n.input]
+                n.output[:] = [out.name if t == old else t for t in n.output]
+    ordered = [m for n in graph.node for m in [*before.get(n.name, []), n]]
+    del graph.node[:]
+    graph.node.extend(ordered)
+    _drop_unused(graph)
+
+
+def _drop_unused(graph) -> None:
+    """Remove the quantize/dequantize nodes and initializers nothing reads any more."""
+    while True:
+        used = {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
         dead = [
             n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") and not set(n.output) & used
         ]
@@ -161,8 +240,9 @@ def keep_float(path: Path, names: set[str]) -> None:
             break
         for n in dead:
             graph.node.remove(n)
-        used = {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
-    onnx.save(model, str(path))
+    unused = [i for i in graph.initializer if i.name not in used]
+    for i in unused:
+        graph.initializer.remove(i)
 
 
 def quantize_onnx(
