@@ -260,7 +260,7 @@ def _int8_details(stage: dict) -> list[str]:
         reverted = [r for r in search["ranking"] if r.get("decision") == "reverted"]
         out.append(
             f"- accuracy: fp32 {search['fp32_accuracy']:.4f}, all-int8 {search['int8_accuracy']:.4f}, max_drop "
-            f"{search['max_drop']}: {len(reverted)} of {len(search['ranking'])} ranked layers reverted to float"
+            f"{search['max_drop']}: {len(reverted)} of {len(search['ranking'])} ranked nodes reverted to float"
             + (f" ({', '.join(r['layer'] for r in reverted[:8])})" if reverted else "")
             + ("" if search["met"] else "; not met")
         )

@@ -108,16 +108,19 @@ def _relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 
 
 def rank_layers(builder: Int8Builder, fp32: Path, samples: np.ndarray, work: Path, float_nodes: set[str]) -> list[dict]:
-    """Per-layer sensitivity: how much of the int8 file's output error (squared logit error
-    relative to the fp32 file's logits, on `samples`) goes away when that layer alone stays float.
-    Most sensitive first."""
+    """Per-node sensitivity: how much of the int8 file's output error (squared logit error
+    relative to the fp32 file's logits, on `samples`) goes away when that node alone computes in
+    float. Every quantized node is ranked, not only layers with weights: in a net like RepViT the
+    loss sits in quantized activations (GELU, sigmoid gates, residual adds). Most sensitive first."""
     ref = _outputs(fp32, samples)
     base = _relative_error(_outputs(builder.write(work / "rank-all.onnx", float_nodes), samples), ref)
     ranked = []
-    candidates = [name for name in builder.layers if name not in float_nodes]
+    op = {n.name: n.op_type for n in builder.nodes}
+    candidates = [name for name in builder.quantized_nodes if name not in float_nodes]
     for name in track(candidates, "int8 sensitivity"):
         path = builder.write(work / "rank-one.onnx", float_nodes | {name})
-        ranked.append({"layer": name, "sensitivity": round(base - _relative_error(_outputs(path, samples), ref), 8)})
+        error = _relative_error(_outputs(path, samples), ref)
+        ranked.append({"layer": name, "op": op.get(name), "sensitivity": round(base - error, 8)})
     return sorted(ranked, key=lambda r: -r["sensitivity"])
 
 
@@ -216,10 +219,16 @@ def search_int8(
         search["met"] = met
         result.accuracy_search = search
     result.float_nodes = float_nodes
-    shipped, why = candidate, f"int8 ({len(result.float_nodes & set(builder.layers))} of {result.layers} layers float)"
+    shipped, why = (
+        candidate,
+        (
+            f"int8 ({len(float_nodes & set(builder.layers))} of {result.layers} layers and "
+            f"{len(float_nodes - set(builder.layers))} other nodes float)"
+        ),
+    )
     if result.accuracy_search and not result.accuracy_search["met"]:
         shipped, result.shipped = fp32, "fp32"
-        why = f"fp32: no int8 file lost at most max_drop {max_drop}, even with every layer in float"
+        why = f"fp32: no int8 file lost at most max_drop {max_drop}, even with every quantized node in float"
     elif require_faster and timing is not None:
         p50 = timing.p50s({"fp32": fp32, "int8": candidate})
         slower = [b for b in timing.batches if p50["int8"][b] >= p50["fp32"][b]]

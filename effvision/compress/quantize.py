@@ -119,18 +119,33 @@ class Int8Builder:
         """Names of the layers with weights, in graph order."""
         return [n.name for n in self.nodes if n.op_type in WEIGHTED_OPS]
 
+    @property
+    def quantized_nodes(self) -> list[str]:
+        """Names of the nodes the int8 graph feeds dequantized tensors (layers, element-wise ops,
+        pooling, activations), in graph order: what can go back to float."""
+        self._base()
+        dequantized = {t for n in self._int8.graph.node if n.op_type == "DequantizeLinear" for t in n.output}
+        skip = ("QuantizeLinear", "DequantizeLinear")
+        return [
+            n.name for n in self._int8.graph.node if n.op_type not in skip and n.name and dequantized & set(n.input)
+        ]
+
+    def _base(self):
+        import onnx
+
+        if self._int8 is None:
+            self._int8 = onnx.load(str(self._quantize(self.work / "int8-all.onnx")))
+            self._pre = onnx.load(str(self.pre))
+        return self._int8
+
     def write(self, dst: str | Path, float_nodes: Iterable[str] = ()) -> Path:
         """The int8 file with `float_nodes` (node names) computing in float: the every-layer int8
         graph is quantized once; each variant restores the named nodes' original inputs (float
         weights, float activations), which takes milliseconds where a quantizer pass takes seconds."""
         import onnx
 
-        if self._int8 is None:
-            self._int8 = onnx.load(str(self._quantize(self.work / "int8-all.onnx")))
         model = onnx.ModelProto()
-        model.CopyFrom(self._int8)
-        if self._pre is None:
-            self._pre = onnx.load(str(self.pre))
+        model.CopyFrom(self._base())
         restore_float(model, self._pre, set(float_nodes))
         return atomic_write(dst, lambda out: onnx.save(model, str(out)))
 

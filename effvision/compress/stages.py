@@ -157,7 +157,7 @@ class QuantizeConfig(StageConfig):
     max_drop: Optional[float] = Field(
         None,
         description="largest accepted top-1 loss against the fp32 file (absolute, e.g. 0.005); the most "
-        "sensitive layers go back to float until it holds",
+        "sensitive nodes (layers, activations, element-wise ops) go back to float until it holds",
     )
     require_faster: bool = Field(
         True, description="ship int8 only when it is measured faster than the fp32 file at every batch"
@@ -253,6 +253,7 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
             "decision": result.decision,
             "float_layers": sorted(result.float_nodes & set(builder.layers)),
             "int8_layers": result.layers - len(result.float_nodes & set(builder.layers)),
+            "float_nodes": sorted(result.float_nodes - set(builder.layers)),
             "speed_groups": result.speed_groups,
             "speed_check": result.speed_check,
             "accuracy_search": result.accuracy_search,
