@@ -46,6 +46,7 @@ RECIPE = {
             "warmup": 1,
             "repeats": 3,
             "roofline": False,
+            "reference": False,  # the reference's export is tested in test_pipeline; here it only costs time
         },
     ],
 }
