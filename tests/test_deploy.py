@@ -697,10 +697,25 @@ def test_interleaved_timing_is_fair_to_both_targets():
         measure_interleaved({"a": a.loaded()}, 1, cpu, repeats=2, rounds=4)
 
 
-def test_compare_times_files_side_by_side_on_one_backend(tmp_path):
-    from effvision.deploy.bench import compare
+def test_compare_times_files_side_by_side_on_one_backend(tmp_path, monkeypatch):
+    from effvision.deploy import runtime
+    from effvision.deploy.bench import benchmark, compare
 
+    spinning_seen, session = [], runtime.ort_session
+
+    def recorded(path, threads=None, providers=None, spinning=True):
+        s = session(path, threads, providers, spinning)
+        try:
+            spins = s.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") != "0"
+        except RuntimeError:  # not set: ONNX Runtime's default, spinning
+            spins = True
+        spinning_seen.append(spins)
+        return s
+
+    monkeypatch.setattr(runtime, "ort_session", recorded)
     path = export_onnx(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), tmp_path / "m.onnx", [3, 2, 2])
+    benchmark(path, [3, 2, 2], "onnxruntime-cpu", "fp32", (1,), "cpu", warmup=1, repeats=3)
+    assert spinning_seen == [True]  # alone: ONNX Runtime's default
     rows = compare(
         {"reference": (path, "fp32"), "final": (path, "fp32")},
         [3, 2, 2],
@@ -713,3 +728,5 @@ def test_compare_times_files_side_by_side_on_one_backend(tmp_path):
     )
     assert [(r["target"], r["batch"]) for r in rows] == [("reference", 1), ("final", 1), ("reference", 2), ("final", 2)]
     assert all(r["backend"] == "onnxruntime-cpu" and r["p50"] > 0 and r["repeats"] == 4 for r in rows)
+    # side by side: no session's threads spin between its runs, taking cores from the one being timed
+    assert spinning_seen == [True, False, False]

@@ -25,6 +25,7 @@ class BenchOptions:
     compile_mode: str = "default"  # torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune ...
     threads: int | None = None
     calibration: Iterable[torch.Tensor] = ()  # batches for static int8 (pt2e)
+    side_by_side: bool = False  # timed interleaved with other targets in this process (bench.compare)
 
 
 @dataclass
@@ -142,7 +143,7 @@ class OnnxRuntime(Backend):
         if found != opts.precision:
             raise EffvisionError(f"{path} is a {found} model, not {opts.precision}")
         providers = [self.provider] + (["CPUExecutionProvider"] if self.provider != "CPUExecutionProvider" else [])
-        session = ort_session(path, threads=opts.threads, providers=providers)
+        session = ort_session(path, threads=opts.threads, providers=providers, spinning=not opts.side_by_side)
         if session.get_providers()[0] != self.provider:  # ORT falls back to the CPU with only a warning
             raise BackendUnavailable(
                 f"onnxruntime did not start {self.provider} (session runs on {', '.join(session.get_providers())})"

@@ -170,7 +170,7 @@ def compare(
     device = resolve_device(device) if isinstance(device, str) else device
     loaded = {
         name: check_pair(backend, precision, device).load(
-            target, shape, BenchOptions(device=device, precision=precision, threads=threads)
+            target, shape, BenchOptions(device=device, precision=precision, threads=threads, side_by_side=True)
         )
         for name, (target, precision) in targets.items()
     }
