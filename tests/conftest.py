@@ -44,7 +44,7 @@ def tiny_recipe(**over) -> dict:
             {"type": "distill", "epochs": 1},
             {"type": "export"},
             {"type": "quantize", "calibration": {"n": 64}, **INT8_ALWAYS},
-            {"type": "bench", "warmup": 2, "repeats": 5, "batches": [1, 8]},
+            {"type": "bench", "warmup": 2, "repeats": 5, "batches": [1, 8], "reference": False},
         ],
     }
     raw.update(over)

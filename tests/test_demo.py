@@ -1,9 +1,12 @@
 """The shipped demo recipe meets its promises (the figures `make demo` prints)."""
 
+import pytest
+
 from effvision.pipeline import run_pipeline
 from effvision.recipe import load_recipe
 
 
+@pytest.mark.slow  # 2-2.5 min on 2 cores, the heaviest test: `make bench` runs it, `make demo` is the same recipe
 def test_default_recipe_meets_acceptance(tmp_path):
     report = run_pipeline(load_recipe("compress/default.yaml"), tmp_path / "demo")
     st = {s["name"]: s for s in report["stages"]}

@@ -644,7 +644,7 @@ def test_onnxruntime_cuda_refuses_a_session_that_fell_back_to_the_cpu(tmp_path, 
     path = export_onnx(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), tmp_path / "m.onnx", [3, 2, 2])
     monkeypatch.setattr(OnnxRuntimeCuda, "missing", classmethod(lambda cls: None))
     real = runtime.ort_session
-    monkeypatch.setattr(runtime, "ort_session", lambda p, threads=None, providers=None: real(p, threads))
+    monkeypatch.setattr(runtime, "ort_session", lambda p, threads=None, providers=None, spinning=True: real(p, threads))
     with pytest.raises(BackendUnavailable, match="did not start CUDAExecutionProvider"):
         backend("onnxruntime-cuda").load(path, [3, 2, 2], BenchOptions(device=torch.device("cuda")))
     assert (
