@@ -142,7 +142,7 @@ def revert_until(
         path = builder.write(work / f"revert-{k}.onnx", nodes)
         acc = top1(path)
         steps[k] = {"reverted": k, "accuracy": acc, "drop": round(fp32_accuracy - acc, 6), "path": path, "nodes": nodes}
-        log(f"  int8 with {k} layer(s) in float: top-1 {acc:.4f} (drop {fp32_accuracy - acc:+.4f})")
+        log(f"  int8 with {k} node(s) in float: top-1 {acc:.4f} (drop {fp32_accuracy - acc:+.4f})")
         return fp32_accuracy - acc <= max_drop
 
     low, k = 0, 1  # low: the largest count known to fail
