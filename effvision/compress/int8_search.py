@@ -107,7 +107,7 @@ def _relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(((out - ref) ** 2).sum() / max(float((ref**2).sum()), 1e-12))
 
 
-def rank_layers(builder: Int8Builder, fp32: Path, samples: np.ndarray, work: Path, float_nodes: set[str]) -> list[dict]:
+def rank_nodes(builder: Int8Builder, fp32: Path, samples: np.ndarray, work: Path, float_nodes: set[str]) -> list[dict]:
     """Per-node sensitivity: how much of the int8 file's output error (squared logit error
     relative to the fp32 file's logits, on `samples`) goes away when that node alone computes in
     float. Every quantized node is ranked, not only layers with weights: in a net like RepViT the
@@ -211,7 +211,7 @@ def search_int8(
         }
         met = fp32_acc - int8_acc <= max_drop
         if not met:
-            ranked = rank_layers(builder, fp32, rank_samples, work, float_nodes)
+            ranked = rank_nodes(builder, fp32, rank_samples, work, float_nodes)
             float_nodes, search["steps"], candidate, met = revert_until(
                 builder, ranked, top1, fp32_acc, max_drop, work, float_nodes
             )
