@@ -176,7 +176,7 @@ def to_markdown(report: dict) -> str:
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     for s in report["stages"]:
-        if s["type"] == "quantize" and s.get("decision"):
+        if s["type"] in ("quantize", "qat") and s.get("decision"):
             out += ["", f"Int8 ({s['name']}): {s['decision']}."] + _int8_details(s)
         if s.get("views"):
             out += [
@@ -263,6 +263,13 @@ def _int8_details(stage: dict) -> list[str]:
             f"{search['max_drop']}: {len(reverted)} of {len(search['ranking'])} ranked nodes reverted to float"
             + (f" ({', '.join(r['layer'] for r in reverted[:8])})" if reverted else "")
             + ("" if search["met"] else "; not met")
+        )
+    parity = stage.get("parity")
+    if parity:
+        out.append(
+            f"- parity: the int8 file agrees with the simulated QAT model on {parity['agreement']:.2%} of "
+            f"{parity['samples']} validation samples (top-1 {parity['onnx_accuracy']:.4f} in ONNX Runtime, "
+            f"{parity['simulated_accuracy']:.4f} simulated)" + ("" if parity["met"] else "; below min_agreement")
         )
     return out
 

@@ -4,6 +4,7 @@ Recipe validation asks STAGES for each stage's config, so a recipe is loaded thr
 (`effvision.load_recipe` is this module's): the stage modules sit above effvision.recipe, and
 only a module at their level may import them."""
 
+from .compress import qat_stage as _qat  # noqa: F401  (registers qat)
 from .compress import stages as _compress  # noqa: F401  (registers select, prune, distill, quantize)
 from .deploy import stages as _deploy  # noqa: F401  (registers export, evaluate, bench)
 from .recipe import load_recipe, validate_recipe

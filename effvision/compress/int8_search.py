@@ -165,6 +165,31 @@ def revert_until(
 
 
 @dataclass
+class SpeedCheck:
+    """int8 against the fp32 file it replaces, timed side by side at every decision batch."""
+
+    faster: bool
+    why: str
+    record: dict
+
+
+def faster_than_fp32(fp32: Path, int8: Path, timing: Timing) -> SpeedCheck:
+    """require_faster: int8 ships only when it is faster than fp32 at every batch."""
+    p50 = timing.p50s({"fp32": fp32, "int8": int8})
+    slower = [b for b in timing.batches if p50["int8"][b] >= p50["fp32"][b]]
+    record = {"backend": BACKEND, "batches": timing.batches, "p50_ms": p50, "int8_slower_at": slower}
+    if slower:
+        b = slower[0]
+        why = (
+            f"fp32: int8 is not faster than fp32 at batch {b} ({p50['int8'][b]:.3f} vs {p50['fp32'][b]:.3f} ms "
+            f"p50, {BACKEND}, interleaved)"
+        )
+        return SpeedCheck(False, why, record)
+    ratios = ", ".join(f"{p50['fp32'][b] / p50['int8'][b]:.2f}x at b={b}" for b in timing.batches)
+    return SpeedCheck(True, f"faster than fp32: {ratios}", record)
+
+
+@dataclass
 class Int8Result:
     """What the search decided and the file to ship."""
 
@@ -230,19 +255,12 @@ def search_int8(
         shipped, result.shipped = fp32, "fp32"
         why = f"fp32: no int8 file lost at most max_drop {max_drop}, even with every quantized node in float"
     elif require_faster and timing is not None:
-        p50 = timing.p50s({"fp32": fp32, "int8": candidate})
-        slower = [b for b in timing.batches if p50["int8"][b] >= p50["fp32"][b]]
-        result.speed_check = {"backend": BACKEND, "batches": timing.batches, "p50_ms": p50, "int8_slower_at": slower}
-        if slower:
-            b = slower[0]
-            shipped, result.shipped = fp32, "fp32"
-            why = (
-                f"fp32: int8 is not faster than fp32 at batch {b} ({p50['int8'][b]:.3f} vs {p50['fp32'][b]:.3f} ms "
-                f"p50, {BACKEND}, interleaved)"
-            )
+        check = faster_than_fp32(fp32, candidate, timing)
+        result.speed_check = check.record
+        if not check.faster:
+            shipped, result.shipped, why = fp32, "fp32", check.why
         else:
-            ratios = ", ".join(f"{p50['fp32'][b] / p50['int8'][b]:.2f}x at b={b}" for b in timing.batches)
-            why += f", faster than fp32: {ratios}"
+            why += f", {check.why}"
     shutil.copyfile(shipped, dst)
     result.decision = f"ships {why}"
     log(f"  quantize {result.decision}")

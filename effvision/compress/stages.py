@@ -187,7 +187,7 @@ class QuantizeConfig(StageConfig):
         return v
 
 
-def _decision_batches(ctx, cfg: QuantizeConfig) -> list[int]:
+def decision_batches(ctx, cfg: QuantizeConfig) -> list[int]:
     if cfg.batches:
         return sorted(set(cfg.batches))
     bench = next((s for s in ctx.recipe.stages if s.type == "bench"), None)
@@ -222,7 +222,7 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
     timing = None
     if cfg.require_faster or cfg.speed_aware:
         timing = Timing(
-            ctx.input_shape, _decision_batches(ctx, cfg), cfg.warmup, cfg.repeats, rounds=min(8, cfg.repeats)
+            ctx.input_shape, decision_batches(ctx, cfg), cfg.warmup, cfg.repeats, rounds=min(8, cfg.repeats)
         )
     with tempfile.TemporaryDirectory() as tmp:
         builder = Int8Builder(src, calib, tmp, cfg.method, cfg.per_channel, cfg.reduce_range)

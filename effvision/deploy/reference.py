@@ -12,7 +12,7 @@ import torch
 
 from ..progress import log
 
-COMPRESSING = ("prune", "distill", "quantize")
+COMPRESSING = ("prune", "distill", "quantize", "qat")
 NAME = "reference"  # its rows in the bench stage's measurements
 _WHAT = {"onnx": "fp32 ONNX", "pte": "fp32 ExecuTorch program", "model": "fp32 PyTorch model"}
 

@@ -1,0 +1,166 @@
+"""Quantization-aware training with torchao's PT2E flow, for ONNX Runtime.
+
+torchao's PT2E QAT is the maintained implementation whose converted model exports to a QDQ ONNX
+file (`torch.onnx.export(..., dynamo=True)`) that ONNX Runtime runs as int8: the model is
+captured with torch.export, a quantizer marks what is quantized (X86InductorQuantizer: uint8
+affine activations, int8 symmetric per-channel weights, conv + batch-norm (+ activation) fused
+as ONNX Runtime fuses them), and fake-quantize modules simulate exactly that while training.
+NNCF's ONNX export of QAT models goes through its own wrapper modules and Neural Compressor's
+PyTorch QAT exports through TorchScript; PT2E is the one path torch itself maintains.
+
+Two changes to the stock x86 recipe, each for parity between the simulation and the file:
+- weights are fake-quantized by a plain FakeQuantize over the current weights. The stock QAT
+  weight fake-quantizer (the fused moving-average kernel) computes zero-points that the
+  converted model does not use (non-zero for a channel whose weights are all negative), so the
+  simulated and converted models disagree.
+- weights use a symmetric range, [-127, 127]: with -128 allowed, the simulation and the
+  converted model round differently. Without VNNI, ONNX Runtime's u8 x s8 kernels can saturate
+  16-bit sums: weights then use 7 bits ([-64, 64]), as `quantize`'s reduce_range does.
+
+A module called at several places (timm's shared `self.act`) gets one partition per call site;
+stock x86 annotation rejects it ("Input partition has more than one output node")."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+import warnings
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..deploy.onnx_export import describe_export_failure, refuse_unexportable, strip_debug_info
+from ..errors import EffvisionError
+from ..fileio import atomic_write
+
+WEIGHT_RANGE = (-127, 127)
+WEIGHT_RANGE_REDUCED = (-64, 64)
+
+
+def _quantizer(reduce_range: bool):
+    from torchao.quantization.pt2e.fake_quantize import FakeQuantize
+    from torchao.quantization.pt2e.observer import MovingAveragePerChannelMinMaxObserver
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    class PerCallSite(X86InductorQuantizer):
+        def transform_for_annotation(self, model):
+            # torch.export names the k-th call of a module "<name>@k" in the stack's key only;
+            # moving the suffix into the module path makes each call a partition of its own.
+            for node in model.graph.nodes:
+                stack = node.meta.get("nn_module_stack")
+                if node.op == "call_function" and stack:
+                    key, (path, cls) = list(stack.items())[-1]
+                    call = re.search(r"@(\d+)$", key)
+                    if call:
+                        stack[key] = (f"{path}@{call.group(1)}", cls)
+            return super().transform_for_annotation(model)
+
+    config = get_default_x86_inductor_quantization_config(is_qat=True)
+    weight_fq = FakeQuantize.with_args(
+        observer=MovingAveragePerChannelMinMaxObserver, averaging_constant=1.0, eps=2**-12
+    )  # averaging 1: the range of the weights as they are now
+    low, high = WEIGHT_RANGE_REDUCED if reduce_range else WEIGHT_RANGE
+    weight = dataclasses.replace(config.weight, observer_or_fake_quant_ctr=weight_fq, quant_min=low, quant_max=high)
+    return PerCallSite().set_global(dataclasses.replace(config, weight=weight))
+
+
+class QatModel(nn.Module):
+    """A model prepared for QAT. train() and eval() do what they do on the float model (batch
+    norm, dropout); observers update ranges only while training, so evaluating on validation
+    data never moves a range."""
+
+    def __init__(self, prepared: torch.fx.GraphModule):
+        super().__init__()
+        self.prepared = prepared
+
+    def forward(self, x):
+        return self.prepared(x)
+
+    def train(self, mode: bool = True):
+        from torchao.quantization.pt2e import (
+            disable_observer,
+            enable_observer,
+            move_exported_model_to_eval,
+            move_exported_model_to_train,
+        )
+
+        self.training = mode
+        (move_exported_model_to_train if mode else move_exported_model_to_eval)(self.prepared)
+        self.prepared.apply(enable_observer if mode else disable_observer)
+        return self
+
+    @torch.no_grad()
+    def calibrate(self, loader, device) -> int:
+        """Initialise every range from calibration samples (eval mode: batch norm untouched)."""
+        from torchao.quantization.pt2e import enable_observer
+
+        self.train(False)
+        self.prepared.apply(enable_observer)
+        seen = 0
+        for x, *_ in loader:
+            self.prepared(x.to(device))
+            seen += len(x)
+        self.train(False)
+        if not seen:
+            raise EffvisionError("qat: no calibration samples (the training split is empty)")
+        return seen
+
+    def export_onnx(self, example: torch.Tensor, path: Path) -> Path:
+        """Convert to the reference int8 model (conv + batch norm folded) and write it as QDQ
+        ONNX with a dynamic batch. Converting changes this model in place: call it last."""
+        from torchao.quantization.pt2e import move_exported_model_to_eval
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+        self.train(False)
+        converted = convert_pt2e(self.prepared)
+        move_exported_model_to_eval(converted)
+
+        def write(tmp: Path) -> None:
+            with warnings.catch_warnings(), redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                torch.onnx.export(
+                    converted,
+                    (example,),
+                    str(tmp),
+                    dynamo=True,
+                    external_data=False,
+                    input_names=["input"],
+                    output_names=["logits"],
+                    dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},),
+                )
+
+        try:
+            atomic_write(path, write)
+        except Exception as err:  # noqa: BLE001  (the exporter's message names the operator)
+            raise EffvisionError(
+                f"qat: the int8 model cannot be written as ONNX: {describe_export_failure(err)}"
+            ) from None
+        strip_debug_info(path)
+        return path
+
+
+def prepare_qat(model: nn.Module, example: torch.Tensor, reduce_range: bool) -> QatModel:
+    """Capture the float model (dynamic batch) and insert fake quantization."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+
+    refuse_unexportable(model, "int8 ONNX")
+    model = model.train()  # captured in train mode, so batch norm can be fused for QAT
+    try:
+        captured = torch.export.export(
+            model, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},), strict=False
+        ).module()
+    except Exception as err:
+        raise EffvisionError(f"qat: torch.export cannot capture the model: {describe_export_failure(err)}") from None
+    finally:
+        model.eval()
+    try:
+        prepared = prepare_qat_pt2e(captured, _quantizer(reduce_range))
+    except Exception as err:
+        raise EffvisionError(f"qat: the model cannot be prepared for int8: {describe_export_failure(err)}") from None
+    return QatModel(prepared).train(False)

@@ -1,0 +1,160 @@
+"""The `qat` stage: quantization-aware fine-tuning in the one training loop, shipped as a QDQ
+ONNX file that ONNX Runtime runs in int8; the simulated model and the file are checked to agree."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from typing import Literal, Optional, Union
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from ..data.selectors import CalibrationConfig
+from ..errors import EffvisionError
+from ..progress import log
+from ..recipe import StageConfig
+from ..stage import StageResult, register_stage
+from ..train.config import TrainSettings
+from ..train.loop import fit
+from .int8_search import BACKEND, Timing, faster_than_fp32
+from .quantize import resolve_reduce_range
+from .stages import decision_batches
+
+UNSUPPORTED = ("compile", "channels_last", "ema", "whiten", "progressive_sizes")
+
+
+class QatConfig(TrainSettings, StageConfig):
+    type: Literal["qat"] = "qat"
+    calibration: CalibrationConfig = Field(
+        default_factory=CalibrationConfig, description="{selector, n}: the samples that initialise every range"
+    )
+    teacher: Optional[str] = Field(
+        "input",
+        description="input (the float model entering this stage), auto, a stage name, a checkpoint, or null",
+    )
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft (teacher) loss")
+    epochs: int = Field(3, ge=0)
+    lr: float = Field(0.005, gt=0)
+    schedule: Literal["onecycle", "cosine", "constant", "step"] = "cosine"
+    warmup_epochs: float = Field(0.0, ge=0)
+    reduce_range: Union[bool, Literal["auto"]] = Field(
+        "auto", description="7-bit weights; auto: when the CPU lacks VNNI (16-bit sums would saturate)"
+    )
+    min_agreement: float = Field(
+        0.99, ge=0, le=1, description="top-1 agreement on validation data between the simulated model and the file"
+    )
+    require_faster: bool = Field(
+        True, description="ship int8 only when it is measured faster than the fp32 file at every batch"
+    )
+    batches: Optional[list[int]] = Field(
+        None, description="batches the speed check is measured at (default: the bench stage's, else [1])"
+    )
+    warmup: int = Field(5, ge=0)
+    repeats: int = Field(40, ge=4, description="timed calls per file and batch, interleaved in 8 rounds")
+
+    @model_validator(mode="after")
+    def _supported(self):
+        used = [k for k in UNSUPPORTED if getattr(self, k)]
+        if used:
+            raise ValueError(f"qat does not support {', '.join(used)} (the model trains as a captured graph)")
+        return self
+
+
+def _logits(predict, loader) -> tuple[np.ndarray, np.ndarray]:
+    outs, ys = [], []
+    for x, y in loader:
+        out = predict(x)
+        outs.append(np.asarray(out.detach().cpu() if isinstance(out, torch.Tensor) else out))
+        ys.append(np.asarray(y))
+    return np.concatenate(outs), np.concatenate(ys)
+
+
+def _teacher(ctx, spec: Optional[str], float_model):
+    if spec == "input":
+        return copy.deepcopy(float_model).to(ctx.device).eval(), "input"
+    return ctx.resolve_teacher(spec)
+
+
+@register_stage("qat", QatConfig)
+def run_qat(ctx, cfg: QatConfig) -> StageResult:
+    """Fine-tune with simulated int8 (torchao PT2E: ranges from calibration, distillation from the
+    float model), export the int8 QDQ ONNX file, and check it against the simulation."""
+    from ..deploy.onnx_export import export_onnx
+    from ..deploy.runtime import onnx_predictor
+    from ..evaluate import torch_predictor
+    from .qat import prepare_qat
+
+    data = ctx.data
+    if len(data.train) == 0:
+        raise EffvisionError("qat: the data has no training samples to calibrate and fine-tune on")
+    float_model = ctx.model.eval()
+    teacher, teacher_from = _teacher(ctx, cfg.teacher, float_model)
+    calib = ctx.calibration_loader(cfg.calibration)
+    first = next(iter(calib), None)
+    if first is None:
+        raise EffvisionError("qat: no calibration samples were selected")
+    example = first[0][:2] if len(first[0]) > 1 else first[0].repeat(2, *[1] * (first[0].dim() - 1))
+    reduce_range = resolve_reduce_range(cfg.reduce_range)
+    fp32 = export_onnx(float_model, ctx.stage_dir / "fp32.onnx", ctx.input_shape)
+    qat = prepare_qat(copy.deepcopy(float_model).cpu(), example, reduce_range).to(ctx.device)
+    calibrated = qat.calibrate(calib, ctx.device)
+    val = data.val_loader()
+    res = fit(
+        qat,
+        data,
+        cfg,
+        ctx.device,
+        seed=ctx.seed,
+        teacher=teacher,
+        temperature=cfg.temperature,
+        alpha=cfg.alpha,
+        label=cfg.name,
+    )
+    qat.cpu()
+    simulated, labels = _logits(torch_predictor(qat), val)  # before export: converting changes qat
+    int8 = qat.export_onnx(example, ctx.stage_dir / "int8.onnx")
+    in_file, _ = _logits(onnx_predictor(int8), val)
+    agreement = float((simulated.argmax(1) == in_file.argmax(1)).mean())
+    parity = {
+        "agreement": agreement,
+        "samples": len(labels),
+        "min_agreement": cfg.min_agreement,
+        "met": agreement >= cfg.min_agreement,
+        "simulated_accuracy": float((simulated.argmax(1) == labels).mean()),
+        "onnx_accuracy": float((in_file.argmax(1) == labels).mean()),
+    }
+    log(
+        f"  qat parity: the int8 file agrees with the simulated model on {agreement:.2%} of "
+        f"{len(labels)} validation samples{'' if parity['met'] else f' (below {cfg.min_agreement:.0%})'}"
+    )
+    shipped, why, speed_check = int8, f"int8 (QAT, {'7' if reduce_range else '8'}-bit weights)", None
+    if cfg.require_faster:
+        timing = Timing(
+            ctx.input_shape, decision_batches(ctx, cfg), cfg.warmup, cfg.repeats, rounds=min(8, cfg.repeats)
+        )
+        check = faster_than_fp32(fp32, int8, timing)
+        speed_check = check.record
+        shipped, why = (int8, f"{why}, {check.why}") if check.faster else (fp32, check.why)
+    decision = f"ships {why}"
+    log(f"  qat {decision}")
+    path = ctx.stage_dir / "model.onnx"
+    shutil.copyfile(shipped, path)
+    return ctx.artifact_result(
+        path,
+        extra={
+            "teacher": teacher_from,
+            "calibration": {**cfg.calibration.model_dump(), "samples": calibrated},
+            "reduce_range": reduce_range,
+            "backend": BACKEND,
+            "fp32_onnx_bytes": fp32.stat().st_size,
+            "int8_onnx_bytes": int8.stat().st_size,
+            "shipped": "int8" if shipped == int8 else "fp32",
+            "decision": decision,
+            "speed_check": speed_check,
+            "parity": parity,
+            **res.metrics(cfg),
+        },
+    )
