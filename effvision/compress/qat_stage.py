@@ -102,17 +102,22 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
     qat = prepare_qat(copy.deepcopy(float_model).cpu(), example, reduce_range).to(ctx.device)
     calibrated = qat.calibrate(calib, ctx.device)
     val = data.val_loader()
-    res = fit(
-        qat,
-        data,
-        cfg,
-        ctx.device,
-        seed=ctx.seed,
-        teacher=teacher,
-        temperature=cfg.temperature,
-        alpha=cfg.alpha,
-        label=cfg.name,
-    )
+    try:
+        res = fit(
+            qat,
+            data,
+            cfg,
+            ctx.device,
+            seed=ctx.seed,
+            teacher=teacher,
+            temperature=cfg.temperature,
+            alpha=cfg.alpha,
+            label=cfg.name,
+        )
+    except AssertionError as err:  # an observer fed NaN: the fine-tuning diverged
+        if "nan" not in str(err):
+            raise
+        raise EffvisionError(f"qat: training diverged (NaN activations) at lr {cfg.lr}; try a lower lr") from None
     qat.cpu()
     simulated, labels = _logits(torch_predictor(qat), val)  # before export: converting changes qat
     int8 = qat.export_onnx(example, ctx.stage_dir / "int8.onnx")
