@@ -24,7 +24,7 @@ help:
 	@echo "make bench-speed - time to 80% on CIFAR-10: the speed recipe against its plain preset, 2 seeds (BENCHMARKS.md), about 55 min on 2 cores"
 	@echo "make bench-cpu   - the CPU deployment benchmark (BENCHMARKS.md), about 30 min on 2 cores"
 	@echo "make bench-int8  - int8 that pays and keeps its accuracy: the four demo recipes, ResNet-18 at 224 px, two PTQ-lossy zoo nets (BENCHMARKS.md), about 60 min"
-	@echo "make bench-qat   - quantization-aware training of the two PTQ-lossy zoo nets on the digits, QAT file vs fp32 file in ONNX Runtime (BENCHMARKS.md), about 40 min"
+	@echo "make bench-qat   - quantization-aware training of the two PTQ-lossy zoo nets on the digits, and the point and video demos, QAT file vs fp32 file in ONNX Runtime (BENCHMARKS.md), about 60 min"
 	@echo "make gpu-bench   - on a GPU machine: the GPU deployment suite, 330 s budget, results in \$$OUT (BENCHMARKS.md, GPU plan)"
 	@echo "make gpu-speedrun - on a GPU machine: the speed recipe's h200 preset to 94%, 3 seeds, 220 s budget"
 	@echo "make gpu-data    - xz the CIFAR-10 zips from ../shared/datasets into .data/cifar10-xz (about 19 MiB) for the speed run"
@@ -136,6 +136,8 @@ bench-int8: $(STAMP)
 bench-qat: $(STAMP)
 	$(BIN)/effvision compress compress/qat-digits.yaml --run-dir runs/qat-mobilenetv3
 	$(BIN)/effvision compress compress/qat-digits.yaml --set model.name=repvit_m0_9 --set stages.qat.epochs=12 --run-dir runs/qat-repvit
+	$(BIN)/effvision compress compress/qat-points.yaml --run-dir runs/qat-points
+	$(BIN)/effvision compress compress/qat-video.yaml --run-dir runs/qat-video
 
 # The GPU plan (BENCHMARKS.md, "GPU plan"): two commands for a lent machine with one CUDA GPU, its
 # own python3 and no package registry. effvision/gpu_plan.py holds what each needs and carries, a
