@@ -9,7 +9,7 @@ from typing import Literal, Optional, Union
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ..data.selectors import CalibrationConfig
 from ..errors import EffvisionError
@@ -55,13 +55,6 @@ class QatConfig(TrainSettings, StageConfig):
     warmup: int = Field(5, ge=0)
     repeats: int = Field(40, ge=4, description="timed calls per file and batch, interleaved in 8 rounds")
 
-    @model_validator(mode="after")
-    def _supported(self):
-        used = [k for k in UNSUPPORTED if getattr(self, k)]
-        if used:
-            raise ValueError(f"qat does not support {', '.join(used)} (the model trains as a captured graph)")
-        return self
-
 
 def _logits(predict, loader) -> tuple[np.ndarray, np.ndarray]:
     outs, ys = [], []
@@ -87,6 +80,9 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
     from ..evaluate import torch_predictor
     from .qat import prepare_qat
 
+    used = [k for k in UNSUPPORTED if getattr(cfg, k)]
+    if used:  # checked here, not in the schema: every field stays valid on its own in a recipe
+        raise EffvisionError(f"qat does not support {', '.join(used)} (the model trains as a captured graph)")
     data = ctx.data
     if len(data.train) == 0:
         raise EffvisionError("qat: the data has no training samples to calibrate and fine-tune on")
