@@ -23,18 +23,14 @@ stock x86 annotation rejects it ("Input partition has more than one output node"
 from __future__ import annotations
 
 import dataclasses
-import io
 import re
-import warnings
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..deploy.onnx_export import describe_export_failure, refuse_unexportable, strip_debug_info
+from ..deploy.onnx_export import describe_export_failure, refuse_unexportable
 from ..errors import EffvisionError
-from ..fileio import atomic_write
 
 WEIGHT_RANGE = (-127, 127)
 WEIGHT_RANGE_REDUCED = (-64, 64)
@@ -112,37 +108,18 @@ class QatModel(nn.Module):
         return seen
 
     def export_onnx(self, example: torch.Tensor, path: Path) -> Path:
-        """Convert to the reference int8 model (conv + batch norm folded) and write it as QDQ
-        ONNX with a dynamic batch. Converting changes this model in place: call it last."""
-        from torchao.quantization.pt2e import move_exported_model_to_eval
+        """Convert to the reference int8 model (conv + batch norm folded) and write it with the
+        project's ONNX export (QDQ, dynamic batch). Converting changes this model in place: call
+        it last."""
+        from torchao.quantization.pt2e import allow_exported_model_train_eval
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+        from ..deploy.onnx_export import export_onnx
 
         self.train(False)
         converted = convert_pt2e(self.prepared)
-        move_exported_model_to_eval(converted)
-
-        def write(tmp: Path) -> None:
-            with warnings.catch_warnings(), redirect_stdout(io.StringIO()):
-                warnings.simplefilter("ignore")
-                torch.onnx.export(
-                    converted,
-                    (example,),
-                    str(tmp),
-                    dynamo=True,
-                    external_data=False,
-                    input_names=["input"],
-                    output_names=["logits"],
-                    dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},),
-                )
-
-        try:
-            atomic_write(path, write)
-        except Exception as err:  # noqa: BLE001  (the exporter's message names the operator)
-            raise EffvisionError(
-                f"qat: the int8 model cannot be written as ONNX: {describe_export_failure(err)}"
-            ) from None
-        strip_debug_info(path)
-        return path
+        allow_exported_model_train_eval(converted)  # export_onnx calls eval()
+        return export_onnx(converted, path, list(example.shape[1:]))
 
 
 def prepare_qat(model: nn.Module, example: torch.Tensor, reduce_range: bool) -> QatModel:

@@ -18,14 +18,14 @@ from ..recipe import StageConfig
 from ..stage import StageResult, register_stage
 from ..train.config import TrainSettings
 from ..train.loop import fit
-from .int8_search import BACKEND, Timing, faster_than_fp32
+from .int8_search import BACKEND, faster_than_fp32
 from .quantize import resolve_reduce_range
-from .stages import decision_batches
+from .stages import SpeedCheckSettings, speed_timing
 
 UNSUPPORTED = ("compile", "channels_last", "ema", "whiten", "progressive_sizes")
 
 
-class QatConfig(TrainSettings, StageConfig):
+class QatConfig(SpeedCheckSettings, TrainSettings, StageConfig):
     type: Literal["qat"] = "qat"
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="{selector, n}: the samples that initialise every range"
@@ -46,14 +46,6 @@ class QatConfig(TrainSettings, StageConfig):
     min_agreement: float = Field(
         0.99, ge=0, le=1, description="top-1 agreement on validation data between the simulated model and the file"
     )
-    require_faster: bool = Field(
-        True, description="ship int8 only when it is measured faster than the fp32 file at every batch"
-    )
-    batches: Optional[list[int]] = Field(
-        None, description="batches the speed check is measured at (default: the bench stage's, else [1])"
-    )
-    warmup: int = Field(5, ge=0)
-    repeats: int = Field(40, ge=4, description="timed calls per file and batch, interleaved in 8 rounds")
 
 
 def _logits(predict, loader) -> tuple[np.ndarray, np.ndarray]:
@@ -133,10 +125,7 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
     )
     shipped, why, speed_check = int8, f"int8 (QAT, {'7' if reduce_range else '8'}-bit weights)", None
     if cfg.require_faster:
-        timing = Timing(
-            ctx.input_shape, decision_batches(ctx, cfg), cfg.warmup, cfg.repeats, rounds=min(8, cfg.repeats)
-        )
-        check = faster_than_fp32(fp32, int8, timing)
+        check = faster_than_fp32(fp32, int8, speed_timing(ctx, cfg))
         speed_check = check.record
         shipped, why = (int8, f"{why}, {check.why}") if check.faster else (fp32, check.why)
     decision = f"ships {why}"

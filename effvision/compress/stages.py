@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 
 from ..data.selectors import Budget, CalibrationConfig, SelectorName
 from ..errors import EffvisionError
-from ..recipe import StageConfig
+from ..recipe import StageConfig, Strict
 from ..stage import StageResult, register_stage
 from ..train.config import TrainSettings
 from ..train.loop import fit
@@ -143,7 +143,27 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
     )
 
 
-class QuantizeConfig(StageConfig):
+class SpeedCheckSettings(Strict):
+    """How an int8 stage (quantize, qat) times int8 against fp32 before it ships."""
+
+    require_faster: bool = Field(
+        True, description="ship int8 only when it is measured faster than the fp32 file at every batch"
+    )
+    batches: Optional[list[int]] = Field(
+        None, description="batches the speed decisions are measured at (default: the bench stage's, else [1])"
+    )
+    warmup: int = Field(5, ge=0)
+    repeats: int = Field(40, ge=4, description="timed calls per file and batch, interleaved in 8 rounds")
+
+    @field_validator("batches")
+    @classmethod
+    def _positive_batches(cls, v):
+        if v is not None and (not v or min(v) < 1):
+            raise ValueError("batches must be a non-empty list of positive sizes")
+        return v
+
+
+class QuantizeConfig(SpeedCheckSettings, StageConfig):
     type: Literal["quantize"] = "quantize"
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="{selector, n}: the samples that calibrate activations"
@@ -156,42 +176,24 @@ class QuantizeConfig(StageConfig):
     )
     max_drop: Optional[float] = Field(
         None,
+        ge=0,
+        lt=1,
         description="largest accepted top-1 loss against the fp32 file (absolute, e.g. 0.005); the most "
         "sensitive nodes (layers, activations, element-wise ops) go back to float until it holds",
-    )
-    require_faster: bool = Field(
-        True, description="ship int8 only when it is measured faster than the fp32 file at every batch"
     )
     speed_aware: bool = Field(
         True, description="keep in float the layer groups (stem, depthwise, classifier, element-wise) measured slower"
     )
-    batches: Optional[list[int]] = Field(
-        None, description="batches the speed decisions are measured at (default: the bench stage's, else [1])"
-    )
-    warmup: int = Field(5, ge=0)
-    repeats: int = Field(40, ge=4, description="timed calls per file and batch, interleaved in 8 rounds")
     rank_samples: int = Field(256, ge=8, description="calibration samples the layer sensitivity is measured on")
 
-    @field_validator("max_drop")
-    @classmethod
-    def _drop_in_range(cls, v):
-        if v is not None and not 0 <= v < 1:
-            raise ValueError("max_drop is an absolute top-1 loss in [0, 1)")
-        return v
 
-    @field_validator("batches")
-    @classmethod
-    def _positive_batches(cls, v):
-        if v is not None and (not v or min(v) < 1):
-            raise ValueError("batches must be a non-empty list of positive sizes")
-        return v
+def speed_timing(ctx, cfg: SpeedCheckSettings):
+    """Timing at the stage's batches (default: the bench stage's, else [1]), interleaved."""
+    from .int8_search import Timing
 
-
-def decision_batches(ctx, cfg: QuantizeConfig) -> list[int]:
-    if cfg.batches:
-        return sorted(set(cfg.batches))
     bench = next((s for s in ctx.recipe.stages if s.type == "bench"), None)
-    return list(bench.batches) if bench is not None else [1]
+    batches = sorted(set(cfg.batches)) if cfg.batches else list(bench.batches) if bench is not None else [1]
+    return Timing(ctx.input_shape, batches, cfg.warmup, cfg.repeats, rounds=min(8, cfg.repeats))
 
 
 def _samples(loader, n: int) -> np.ndarray:
@@ -211,7 +213,7 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
     import tempfile
 
     from ..deploy import evaluate
-    from .int8_search import Timing, search_int8
+    from .int8_search import search_int8
 
     src = ctx.onnx
     if src is None:  # no export stage before: export the current model first
@@ -219,11 +221,7 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
 
         src = export_onnx(ctx.model, ctx.stage_dir / "fp32.onnx")
     calib = ctx.calibration_loader(cfg.calibration)
-    timing = None
-    if cfg.require_faster or cfg.speed_aware:
-        timing = Timing(
-            ctx.input_shape, decision_batches(ctx, cfg), cfg.warmup, cfg.repeats, rounds=min(8, cfg.repeats)
-        )
+    timing = speed_timing(ctx, cfg) if cfg.require_faster or cfg.speed_aware else None
     with tempfile.TemporaryDirectory() as tmp:
         builder = Int8Builder(src, calib, tmp, cfg.method, cfg.per_channel, cfg.reduce_range)
         unknown = sorted(set(cfg.exclude) - {n.name for n in builder.nodes})

@@ -27,7 +27,8 @@ def refuse_unexportable(model: nn.Module, fmt: str) -> None:
 def export_onnx(model: nn.Module, path: str | Path, shape: list[int] | None = None, opset: int | None = None) -> Path:
     """Export with torch.onnx's dynamo exporter into one file (weights inside), batch dynamic."""
     refuse_unexportable(model, "ONNX")
-    model = model.eval().cpu()
+    model.eval()  # not chained: a captured graph's eval() (torchao) returns None
+    model = model.cpu()
     x = torch.zeros(2, *(shape or input_shape(model)))
 
     def write(tmp: Path) -> None:
