@@ -5,6 +5,7 @@ with a report.json holds a finished run. One process writes a run folder at a ti
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -207,11 +208,14 @@ class RunContext:
             yield name, kind, (load_checkpoint(path) if kind == "model" else path)
 
     def resolve_teacher(self, spec: str | None):
-        """The distillation teacher: auto = the model that entered the most recent prune stage."""
+        """The distillation teacher: auto = the model that entered the most recent prune stage,
+        input = a copy of the model entering this stage (qat's float model)."""
         from .models import load_checkpoint
 
         if spec in (None, "none", "null"):
             return None, None
+        if spec == "input":
+            return copy.deepcopy(self.model).to(self.device).eval(), "input"
         if spec == "auto":
             pruned = [r for r in self.records if r["type"] == "prune"]
             if not pruned:
@@ -228,8 +232,8 @@ class RunContext:
         else:
             names = [r["name"] for r in self.records if "model" in r["artifacts"]]
             raise EffvisionError(
-                f"teacher '{spec}' is neither 'auto', 'none', an earlier stage ({', '.join(names)}) nor a checkpoint "
-                "file"
+                f"teacher '{spec}' is neither 'auto', 'input', 'none', an earlier stage ({', '.join(names)}) "
+                "nor a checkpoint file"
             )
         return load_checkpoint(self.run_dir / path).to(self.device), path
 

@@ -48,15 +48,17 @@ def _batches(n: int, seed: int, size: int = 32):
 def _trained_float(bn: bool) -> Net:
     torch.manual_seed(0)
     net = Net(bn=bn).train()
+    with torch.no_grad():  # a channel whose weights are all negative (stock QAT gave it a zero-point)
+        net.conv1.weight[0] = -net.conv1.weight[0].abs()
     with torch.no_grad():
         for x in _batches(4, 1):  # batch-norm statistics of the data
             net(x)
     return net.eval()
 
 
-# Folding batch norm at conversion costs torchao about 50 s of pattern tracing, whatever the net:
-# the net with batch norm runs under `make bench`, the one without in `make test`.
-@pytest.mark.parametrize("bn", [False, pytest.param(True, marks=pytest.mark.slow)])
+# Batch norm is folded before fake quantization, so both cases are quick; the case with batch norm
+# (the fold, then the folded bias rounded as ONNX Runtime rounds it) runs in `make test`.
+@pytest.mark.parametrize("bn", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_qat_simulation_and_its_onnx_file_agree(tmp_path, bn):
     net = _trained_float(bn)
     qat = prepare_qat(net, torch.zeros(2, *SHAPE), reduce_range=True)
@@ -79,7 +81,11 @@ def test_qat_simulation_and_its_onnx_file_agree(tmp_path, bn):
     in_file = onnx_predictor(path)(val.numpy())
     agreement = (simulated.argmax(1) == in_file.argmax(1)).mean()
     assert agreement >= 0.99, agreement
-    assert np.abs(simulated - in_file).max() < 0.05 * np.abs(simulated).max()
+    # The file computes what the simulation computes, int32 biases included: logits match to float
+    # rounding (0-0.4% of them differ by more, where a float sum lands on the other side of a
+    # rounding step); without simulating the bias rounding, 14% do (and top-1 on deep nets ~1%).
+    differ = np.abs(simulated - in_file) > 1e-5 * np.abs(simulated).max()
+    assert differ.mean() < 0.02, differ.mean()
     graph = onnx.load(str(path)).graph
     ops = {n.op_type for n in graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops

@@ -7,8 +7,6 @@ import copy
 import shutil
 from typing import Literal, Optional, Union
 
-import numpy as np
-import torch
 from pydantic import Field
 
 from ..data.selectors import CalibrationConfig
@@ -48,28 +46,13 @@ class QatConfig(SpeedCheckSettings, TrainSettings, StageConfig):
     )
 
 
-def _logits(predict, loader) -> tuple[np.ndarray, np.ndarray]:
-    outs, ys = [], []
-    for x, y in loader:
-        out = predict(x)
-        outs.append(np.asarray(out.detach().cpu() if isinstance(out, torch.Tensor) else out))
-        ys.append(np.asarray(y))
-    return np.concatenate(outs), np.concatenate(ys)
-
-
-def _teacher(ctx, spec: Optional[str], float_model):
-    if spec == "input":
-        return copy.deepcopy(float_model).to(ctx.device).eval(), "input"
-    return ctx.resolve_teacher(spec)
-
-
 @register_stage("qat", QatConfig)
 def run_qat(ctx, cfg: QatConfig) -> StageResult:
     """Fine-tune with simulated int8 (torchao PT2E: ranges from calibration, distillation from the
     float model), export the int8 QDQ ONNX file, and check it against the simulation."""
     from ..deploy.onnx_export import export_onnx
     from ..deploy.runtime import onnx_predictor
-    from ..evaluate import torch_predictor
+    from ..evaluate import outputs, torch_predictor
     from .qat import prepare_qat
 
     used = [k for k in UNSUPPORTED if getattr(cfg, k)]
@@ -79,7 +62,7 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
     if len(data.train) == 0:
         raise EffvisionError("qat: the data has no training samples to calibrate and fine-tune on")
     float_model = ctx.model.eval()
-    teacher, teacher_from = _teacher(ctx, cfg.teacher, float_model)
+    teacher, teacher_from = ctx.resolve_teacher(cfg.teacher)
     calib = ctx.calibration_loader(cfg.calibration)
     first = next(iter(calib), None)
     if first is None:
@@ -107,9 +90,9 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
             raise
         raise EffvisionError(f"qat: training diverged (NaN activations) at lr {cfg.lr}; try a lower lr") from None
     qat.cpu()
-    simulated, labels = _logits(torch_predictor(qat), val)  # before export: converting changes qat
+    simulated, labels = outputs(torch_predictor(qat), val)  # before export: converting changes qat
     int8 = qat.export_onnx(example, ctx.stage_dir / "int8.onnx")
-    in_file, _ = _logits(onnx_predictor(int8), val)
+    in_file, _ = outputs(onnx_predictor(int8), val)
     agreement = float((simulated.argmax(1) == in_file.argmax(1)).mean())
     parity = {
         "agreement": agreement,
