@@ -160,7 +160,7 @@ class QatModel(nn.Module):
         return seen
 
     def export_onnx(self, example: torch.Tensor, path: Path) -> Path:
-        """Convert to the reference int8 model (conv + batch norm folded) and write it with the
+        """Convert to the reference int8 model (quantize and dequantize nodes) and write it with the
         project's ONNX export (QDQ, dynamic batch). Converting changes this model in place: call
         it last."""
         from torchao.quantization.pt2e import allow_exported_model_train_eval
