@@ -250,11 +250,9 @@ def run_suite(
     except Interrupted as stop:
         meta["stopped"] = {"reason": stop.reason, "exit_code": stop.exit_code}
         log(f"[{clock.elapsed():6.0f}s] {stop.reason}: saving what was measured")
-        for cell in cells:
-            if cell is current:
-                settle(cell, "failed", stop.reason)
-            elif cell["status"] == "pending":
-                settle(cell, "skipped", stop.reason)
+        for cell in cells:  # a cell settled before the signal (it lands as save() ends) keeps its status
+            if cell["status"] == "pending":
+                settle(cell, "failed" if cell is current else "skipped", stop.reason)
     save(plot=True)
     return meta
 
