@@ -36,7 +36,8 @@ def malicious_checkpoints(tmp_path, monkeypatch):
     return [FILES / "checkpoints/malicious.pt", torch_format]
 
 
-@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+# warnings as errors: torch's pickle-protocol note, printed, would be a second line on stderr
+@pytest.mark.filterwarnings("error")
 def test_malicious_pickle_is_refused_everywhere_a_checkpoint_is_read(malicious_checkpoints, tmp_path, capsys):
     for path in malicious_checkpoints:
         with pytest.raises(EffvisionError, match=rf"cannot read checkpoint {path}: Weights only load failed"):

@@ -75,6 +75,7 @@ def test_the_measurement_catches_a_per_read_leak(clips, monkeypatch):
     assert len(kept) == READS and r["growth_mib"] > BOUND_MIB
 
 
+@pytest.mark.slow  # 25-30 s; make test measures the same bound on generated clips with each backend
 @needs_shared
 def test_shared_clips_read_without_growth():
     """A short run over the real clips (mp4/h264, avi/mpeg4, mkv, raw m4v streams) with the auto

@@ -39,7 +39,7 @@ class _Reader:
 def cpu_has_vnni() -> bool:
     """x86 CPUs with VNNI (or AMX) multiply u8 x s8 without intermediate saturation."""
     try:
-        flags = open("/proc/cpuinfo").read()
+        flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
     return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))

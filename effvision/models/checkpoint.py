@@ -5,6 +5,8 @@ Loaded with torch.load(weights_only=True): no pickled Python objects from a user
 
 from __future__ import annotations
 
+import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -62,7 +64,19 @@ def _read(path: str | Path) -> dict:
             from safetensors.torch import load_file
 
             return load_file(str(path))
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # torch notes files pickled with a newer protocol before it refuses or reads them; the
+            # refusal (our one line) says what matters, the note would be a second line on stderr.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's advice (load it again with weights_only=False) is the opposite of ours; its
+        # unpickler cannot tell a damaged file from one carrying code, so neither do we.
+        why = str(exc).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+        raise EffvisionError(
+            f"cannot read checkpoint {path}: Weights only load failed ({why}): the file is damaged or holds "
+            "pickled Python objects, which effvision never loads (save weights as a state_dict or .safetensors)"
+        ) from None
     except Exception as exc:  # noqa: BLE001  (any unreadable file is the user's input problem)
         raise EffvisionError(f"cannot read checkpoint {path}: {str(exc).splitlines()[0]}") from None
 
