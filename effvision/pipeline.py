@@ -253,8 +253,20 @@ class RunContext:
 def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: set[str] | None = None) -> dict:
     """Run (or resume) a recipe into run_dir (default runs/<recipe.name>); returns report.json.
     In a multi-process (torchrun) job every process runs the stages; rank 0 alone writes run_dir."""
+    from .compress.aim import check_target
+
+    device = resolve_device(recipe.device)
+    for target in [recipe.target] + [getattr(s, "target", None) for s in recipe.stages]:
+        if target is not None and not isinstance(target, bool):
+            check_target(target, device)  # before the run folder is touched
     with private_run_dir(Path(run_dir or Path("runs") / recipe.name)) as own_dir, run_lock(own_dir):
         return _run_stages(recipe, own_dir, only_types)
+
+
+def _aims_at_recipe_target(recipe: Recipe, cfg) -> bool:
+    """A stage with a `target` field left unset (or true) reads the recipe's target block, so
+    that block is one of its inputs."""
+    return recipe.target is not None and "target" in type(cfg).model_fields and cfg.target in (None, True)
 
 
 def _forget_unfinished(run_dir: Path) -> None:
@@ -308,6 +320,8 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> d
     planned = {INIT_DIR}
     for k, cfg in enumerate(stages, 1):
         fingerprint = _hash(fingerprint, cfg.model_dump(mode="json"))
+        if _aims_at_recipe_target(recipe, cfg):
+            fingerprint = _hash(fingerprint, resolved["target"])
         sdir = run_dir / "stages" / f"{k}-{cfg.name}"
         planned.add(sdir.name)
         done = sdir / "metrics.json"

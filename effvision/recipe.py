@@ -9,7 +9,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from . import yamlio
 from .errors import EffvisionError
@@ -59,6 +59,30 @@ class StageConfig(Strict):
     name: Optional[str] = None
 
 
+class TargetConfig(Strict):
+    """What the compressed artifact must achieve where it ships: a speed-up over the uncompressed
+    reference (or an absolute latency) on one backend and batch, losing at most max_drop of top-1."""
+
+    backend: str = Field("onnxruntime-cpu", description="where the artifact runs: onnxruntime-cpu, torch-eager, ...")
+    batch: int = Field(1, gt=0, description="the batch size the latency is measured at")
+    speedup: Optional[float] = Field(None, description="times faster than the uncompressed fp32 reference, > 1")
+    latency_ms: Optional[float] = Field(None, gt=0, description="instead of speedup: the median latency to reach")
+    max_drop: Optional[float] = Field(None, ge=0, lt=1, description="largest accepted top-1 loss (absolute)")
+
+    @field_validator("speedup")
+    @classmethod
+    def _faster(cls, v):
+        if v is not None and v <= 1:
+            raise ValueError("must be > 1 (the compressed artifact's speed over the uncompressed reference's)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_goal(self):
+        if (self.speedup is None) == (self.latency_ms is None):
+            raise ValueError("give exactly one of speedup (e.g. 2.0) and latency_ms")
+        return self
+
+
 class Recipe(Strict):
     name: str = "run"
     description: str = ""
@@ -66,6 +90,7 @@ class Recipe(Strict):
     device: str = Field("auto", description="auto, cpu or cuda")
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig
+    target: Optional[TargetConfig] = Field(None, description="what compression aims at; stages that can aim read it")
     stages: list[Any] = Field(default_factory=list)  # each becomes its type's StageConfig in validate_recipe
     presets: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named sets of key.path: value overrides (--preset NAME)"
@@ -182,7 +207,8 @@ def _format_errors(err: ValidationError, cls: type[BaseModel], prefix: str, sour
         elif e["type"] == "missing":
             lines.append(f"{source}: {path}: required key is missing")
         else:
-            lines.append(f"{source}: {path}: {e['msg']} (got {e.get('input')!r})")
+            msg = e["msg"].removeprefix("Value error, ")  # pydantic's prefix on our own validators' messages
+            lines.append(f"{source}: {path}: {msg} (got {e.get('input')!r})")
     return "; ".join(lines)
 
 

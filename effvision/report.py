@@ -67,6 +67,7 @@ def build_report(run_dir: str | Path) -> dict:
     if dataset:
         dataset = {k: v for k, v in dataset.items() if k != "bad_files"}
     last_bench = benches[-1] if benches else {}
+    target = target_summary(_recipe_target(run_dir, records), last_bench.get("headline"), records)
     return {
         "recipe": env.get("recipe"),
         "run_dir": str(run_dir),
@@ -74,6 +75,7 @@ def build_report(run_dir: str | Path) -> dict:
         "stages": stages,
         "artifacts": artifacts,
         **{key: last_bench.get(key) for key in _TOP_LEVEL},
+        "target": target,
         "env": {
             k: env.get(k)
             for k in (
@@ -91,6 +93,72 @@ def build_report(run_dir: str | Path) -> dict:
             )
         },
     }
+
+
+def _recipe_target(run_dir: Path, records: list[dict]) -> dict | None:
+    """The target the run aimed at: the recipe's block, else the last aiming stage's own."""
+    from . import yamlio
+
+    recipe = run_dir / "recipe.yaml"
+    found = (yamlio.load(recipe.read_text()) or {}).get("target") if recipe.is_file() else None
+    aimed = [r["target"] for r in records if isinstance(r.get("target"), dict)]
+    return found or (aimed[-1] if aimed else None)
+
+
+def target_summary(target: dict | None, headline: dict | None, records: list[dict]) -> dict | None:
+    """Whether the target was met, by how much and at what accuracy: from the headline (the
+    shipped artifact against the reference, measured by the bench stage) when it was measured on
+    the target's backend and batch, else from the aiming stage's own last measurement."""
+    if not target:
+        return None
+    batch, backend = target.get("batch", 1), target.get("backend", "onnxruntime-cpu")
+    out = {k: target.get(k) for k in ("backend", "batch", "speedup", "latency_ms", "max_drop")}
+    speedups = {int(b): v for b, v in (headline or {}).get("speedups", {}).items()}
+    if headline and headline.get("backend") == backend and batch in speedups:
+        latency = {int(b): v for b, v in headline["final_p50_ms"].items()}[batch]
+        measured = {"speedup": speedups[batch], "ms": latency, "accuracy_delta": headline.get("accuracy_delta")}
+        out["measured_by"] = "bench stage: the shipped artifact against the reference, interleaved"
+    else:
+        aim = next((r["aim"] for r in reversed(records) if isinstance(r.get("aim"), dict)), None)
+        if aim is None or "final" not in aim:
+            return {**out, "met": None, "measured_by": "nothing measured on the target's backend and batch"}
+        measured = {"speedup": aim["final"]["speedup"], "ms": aim["final"]["ms"], "accuracy_delta": None}
+        out["measured_by"] = f"the aiming stage's torch model exported for {backend} (no bench row there)"
+    fast = (
+        measured["ms"] <= target["latency_ms"]
+        if target.get("latency_ms") is not None
+        else measured["speedup"] >= target["speedup"]
+    )
+    drop, delta = target.get("max_drop"), measured["accuracy_delta"]
+    accurate = True if drop is None else None if delta is None else -delta <= drop + 1e-9
+    out.update(
+        measured_speedup=measured["speedup"],
+        measured_ms=measured["ms"],
+        accuracy_delta=delta,
+        met=None if accurate is None else bool(fast and accurate),
+    )
+    return out
+
+
+def target_line(report: dict) -> str | None:
+    """One line on the target: met or not, by how much, at what accuracy."""
+    t = report.get("target")
+    if not t:
+        return None
+    if t.get("measured_speedup") is None:
+        return f"Target: not measured ({t['measured_by']})."
+    goal = f"{t['latency_ms']} ms" if t.get("latency_ms") is not None else f"{t['speedup']}x"
+    acc = (
+        f", top-1 {100 * t['accuracy_delta']:+.2f} points"
+        + (f" (max drop {100 * t['max_drop']:.2f})" if t.get("max_drop") is not None else "")
+        if t.get("accuracy_delta") is not None
+        else ""
+    )
+    verdict = {True: "met", False: "NOT met", None: "speed measured, accuracy not compared"}[t["met"]]
+    return (
+        f"Target {goal} on {t['backend']} at batch {t['batch']}: {verdict}; measured "
+        f"{t['measured_speedup']:.2f}x ({t['measured_ms']:.3f} ms){acc}."
+    )
 
 
 def fmt_num(n) -> str:
@@ -231,10 +299,12 @@ def to_markdown(report: dict) -> str:
 def headline_lines(report: dict) -> list[str]:
     """The final artifact against the uncompressed model on one backend (report.md, the CLI)."""
     h, ref = report.get("headline"), report.get("reference")
+    aim = [target_line(report)] if report.get("target") else []
     if not h or not ref:
         if any(s["type"] == "bench" for s in report["stages"]):
-            return ["", "No headline: no stage compressed the model, or the bench stage ran with `reference: false`."]
-        return []
+            why = "no stage compressed the model, or the bench stage ran with `reference: false`"
+            return ["", f"No headline: {why}.", *aim]
+        return ["", *aim] if aim else []
     speed = ", ".join(f"{v:.2f}x at b={b}" for b, v in h["speedups"].items())
     size = f"{h['size_ratio']:.2f}x the size" if h.get("size_ratio") is not None else "size not compared"
     acc = (
@@ -243,11 +313,12 @@ def headline_lines(report: dict) -> list[str]:
         if h.get("accuracy_delta") is not None
         else "top-1 not compared"
     )
-    return [
+    lines = [
         "",
         f"**Headline**: `{h['final']}` against the {ref['what']} ({ref['stage']}), both on {h['backend']}, "
         f"{ref['timed']}: speed-up {speed}; {size}; {acc}. Per-stage torch figures below are labelled `eager`.",
     ]
+    return lines + aim
 
 
 def _int8_details(stage: dict) -> list[str]:

@@ -10,7 +10,9 @@ import pytest
 
 from effvision.cli import main
 
-SHORT = ["--set", "stages.baseline.epochs=6", "--set", "model.name=cifar_resnet8", "--set", "model.kwargs.width=0.5"]
+# Half the digits (720 images): 0.953 in one process, 0.958 in two, and 17 s less of make test
+SHORT = ["--set", "stages.baseline.epochs=6", "--set", "data.max_train_samples=720"]
+SHORT += ["--set", "model.name=cifar_resnet8", "--set", "model.kwargs.width=0.5"]
 
 
 def _train_metrics(run_dir):

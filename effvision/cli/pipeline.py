@@ -30,6 +30,9 @@ def _run(recipe_path: str, sets: list[str], run_dir: Optional[Path], only: set[s
     run_dir = run_dir or Path("runs") / recipe.name
     report = run_pipeline(recipe, run_dir, only_types=only)
     _print_report(report, run_dir)
+    target = report.get("target") or {}
+    if target.get("met") is False:  # the report is written; a script must still see the miss
+        raise EffvisionError(f"target not met; see {run_dir / 'report.md'}")
 
 
 def compress(

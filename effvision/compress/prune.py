@@ -3,6 +3,7 @@ smaller model (fewer channels), not a masked one."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 
@@ -58,22 +59,60 @@ def prune(
     iterative_steps: int = 1,
     calib_loader=None,
 ) -> nn.Module:
-    """Remove `ratio` of the prunable channels in place (the classifier's outputs are kept)."""
-    import torch_pruning as tp
-
+    """Remove `ratio` of the prunable channels in place (the classifier's outputs are kept);
+    `layer_ratios` (by name or re:regex) set other ratios for some layers (0 keeps them whole)."""
     model = model.cpu().eval()
-    example = torch.zeros(1, *input_shape(model))
-    # torch-pruning follows channels through autograd: frozen per-channel parameters (a temporal
-    # shift's direction masks) must be traced too, or they would keep their old width.
+    with traceable(model):
+        per_layer = {m: r for pat, r in (layer_ratios or {}).items() for m in match_layers(model, [pat]).values()}
+        pruner = meta_pruner(model, importance, ignore, ratio, global_pruning, per_layer, round_to, iterative_steps)
+        # Nested classifiers too (a video model's 2D backbone): each keeps its cached widths in step.
+        owners = [m for m in model.modules() if hasattr(m, "reset_classifier")] or [model]
+        widths_before = [(m, _head_widths(m)) for m in owners]
+        for _ in range(iterative_steps):
+            if importance == "taylor":
+                _accumulate_gradients(model, calib_loader)
+            pruner.step()
+        model.zero_grad(set_to_none=True)
+    for owner, before in widths_before:
+        _sync_cached_widths(owner, before)
+    return model
+
+
+@contextlib.contextmanager
+def traceable(model: nn.Module):
+    """torch-pruning follows channels through autograd: frozen per-channel parameters (a temporal
+    shift's direction masks) must be traced too, or they would keep their old width. Pruned
+    parameters are new objects, so they are frozen again by name afterwards."""
     frozen = {n for n, q in model.named_parameters() if not q.requires_grad}
     for q in model.parameters():
         q.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for n, q in model.named_parameters():
+            q.requires_grad_(n not in frozen)
+
+
+def meta_pruner(
+    model: nn.Module,
+    importance: str = "l2",
+    ignore: list[str] | None = None,
+    ratio: float = 0.0,
+    global_pruning: bool = False,
+    per_layer: dict[nn.Module, float] | None = None,
+    round_to: int | None = None,
+    iterative_steps: int = 1,
+):
+    """torch-pruning's MetaPruner over the model's dependency graph, with the layers it must not
+    prune left out (the classifier's outputs, attention internals, `ignore`); inside traceable()."""
+    import torch_pruning as tp
+
+    example = torch.zeros(1, *input_shape(model))
     ignored = (
         [m for m in [classifier_of(model)] if m is not None]
         + list(match_layers(model, ignore or []).values())
         + attention_internals(model)
     )
-    per_layer = {m: r for pat, r in (layer_ratios or {}).items() for m in match_layers(model, [pat]).values()}
     with warnings.catch_warnings():
         # Layer scales and the like: torch-pruning prunes their last non-singleton dimension, which
         # is their channel dimension; the ones that are not (per-head) are in `ignored` above.
@@ -92,19 +131,7 @@ def prune(
         )
     if any(_is_uneven_grouped(m) for m in model.modules()):  # (another pass over the groups: only when needed)
         _keep_uneven_grouped_convs(pruner)
-    # Nested classifiers too (a video model's 2D backbone): each keeps its cached widths in step.
-    owners = [m for m in model.modules() if hasattr(m, "reset_classifier")] or [model]
-    widths_before = [(m, _head_widths(m)) for m in owners]
-    for _ in range(iterative_steps):
-        if importance == "taylor":
-            _accumulate_gradients(model, calib_loader)
-        pruner.step()
-    model.zero_grad(set_to_none=True)
-    for n, q in model.named_parameters():  # pruned parameters are new objects: freeze them again by name
-        q.requires_grad_(n not in frozen)
-    for owner, before in widths_before:
-        _sync_cached_widths(owner, before)
-    return model
+    return pruner
 
 
 _QKV_NAMES = {"qkv", "qkvs", "qkv_proj", "kv"}

@@ -12,13 +12,14 @@ from pydantic import Field, field_validator
 
 from ..data.selectors import Budget, CalibrationConfig, SelectorName
 from ..errors import EffvisionError
-from ..recipe import StageConfig, Strict
+from ..recipe import StageConfig, Strict, TargetConfig
 from ..stage import StageResult, register_stage
 from ..train.config import TrainSettings
 from ..train.loop import fit
 from .prune import prune
 from .quantize import Int8Builder
 from .selection import ProxyConfig, choose, proxy_factory
+from .target_prune import TargetPruneSettings
 
 
 class SelectConfig(StageConfig):
@@ -88,12 +89,34 @@ class PruneConfig(StageConfig):
     ignore: list[str] = Field(default_factory=list, description="module names or re:regex kept intact")
     round_to: Optional[int] = Field(None, gt=0, description="keep channel counts multiples of this")
     iterative_steps: int = Field(1, ge=1)
+    target: Union[TargetConfig, bool, None] = Field(
+        None,
+        description="aim at a latency target with per-layer widths: this block, or the recipe's (null or true); "
+        "false: the uniform ratio even when the recipe has a target",
+    )
+    aim: TargetPruneSettings = Field(default_factory=TargetPruneSettings)
+
+
+def prune_target(ctx, cfg: PruneConfig) -> Optional[TargetConfig]:
+    if isinstance(cfg.target, TargetConfig):
+        return cfg.target
+    if cfg.target is True and ctx.recipe.target is None:
+        raise EffvisionError(f"{cfg.name}: target: true, but the recipe has no target block")
+    return ctx.recipe.target if cfg.target in (None, True) else None
 
 
 @register_stage("prune", PruneConfig)
 def run_prune(ctx, cfg: PruneConfig) -> StageResult:
-    """Structured channel pruning (torch-pruning dependency graph)."""
+    """Structured channel pruning (torch-pruning dependency graph): a uniform ratio, or per-layer
+    widths chosen for a latency target measured on its backend."""
     model = ctx.model
+    target = prune_target(ctx, cfg)
+    if target is not None:
+        from ..deploy.reference import reference_model
+        from .target_prune import prune_to_target
+
+        aimed = prune_to_target(ctx, target, cfg, reference_model(ctx) or model)
+        return ctx.torch_result(model, extra={"target": target.model_dump(), "aim": aimed})
     prune(
         model,
         cfg.ratio,

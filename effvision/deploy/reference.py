@@ -34,6 +34,15 @@ def reference_record(records: list[dict]) -> dict | None:
     return next((r for r in records if r["type"] in COMPRESSING and r.get("input_model")), None)
 
 
+def reference_model(ctx) -> torch.nn.Module | None:
+    """The uncompressed model as the run has it so far: the input of its first compression stage,
+    or None while no compression stage has run (the current model is then the reference)."""
+    from ..models import load_checkpoint
+
+    first = reference_record(ctx.records)
+    return load_checkpoint(ctx.run_dir / first["input_model"]) if first is not None else None
+
+
 def deployment_backend(kind: str, device: torch.device) -> str:
     from ..registry import BACKENDS
 

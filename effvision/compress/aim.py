@@ -1,0 +1,114 @@
+"""Aiming at a recipe's target: the uncompressed reference and a candidate model exported for the
+target backend and timed side by side there, so every speed-up a stage aims with is a measurement
+on one backend, batch and machine."""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import EffvisionError
+from ..recipe import TargetConfig
+
+
+def target_device(backend: str, device: torch.device) -> torch.device:
+    """The device a backend runs on: the run's, when the backend runs there, else its own."""
+    from ..registry import BACKENDS
+
+    supports = BACKENDS.get(backend).supports
+    if device.type in supports:
+        return device
+    return torch.device(next(iter(supports)))
+
+
+def check_target(target: TargetConfig | None, device: torch.device) -> None:
+    """Refuse, before any work, a target on a backend that is unknown or cannot run here."""
+    if target is None:
+        return
+    from ..deploy.backends import check_pair
+    from ..registry import BACKENDS
+
+    try:
+        BACKENDS.get(target.backend)
+    except ValueError as exc:
+        raise EffvisionError(f"target.backend: {exc}") from None
+    check_pair(target.backend, "fp32", target_device(target.backend, device))
+
+
+@dataclass
+class Aim:
+    """Times models against the reference on the target's backend and batch, interleaved."""
+
+    target: TargetConfig
+    reference: nn.Module
+    shape: list[int]
+    device: torch.device
+    warmup: int = 5
+    repeats: int = 40
+    first_reference_ms: float | None = None
+    _work: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
+    _count: int = 0
+
+    def __post_init__(self):
+        self.device = target_device(self.target.backend, self.device)
+        self.reference = copy.deepcopy(self.reference).cpu().eval()
+        self._ref = self._artifact(self.reference, "reference")
+
+    def _artifact(self, model: nn.Module, name: str):
+        from ..deploy.backends import backend
+        from ..deploy.exporters import export_for_backend
+
+        takes = backend(self.target.backend).takes
+        if takes == "model":
+            return model
+        work = Path(self._work.name) / name
+        work.mkdir(parents=True, exist_ok=True)
+        return export_for_backend(model, takes, "fp32", work, self.shape, batch=self.target.batch)[0]
+
+    def time(self, model: nn.Module) -> tuple[float, float]:
+        """(reference ms, model ms): medians at the target batch, timed side by side."""
+        from ..deploy.bench import compare
+
+        self._count += 1
+        candidate = self._artifact(copy.deepcopy(model).cpu().eval(), f"candidate-{self._count}")
+        rows = compare(
+            {"reference": (self._ref, "fp32"), "candidate": (candidate, "fp32")},
+            self.shape,
+            self.target.backend,
+            [self.target.batch],
+            self.device,
+            self.warmup,
+            self.repeats,
+            rounds=min(8, self.repeats),
+        )
+        p50 = {r["target"]: r["p50"] for r in rows}
+        return p50["reference"], p50["candidate"]
+
+    def measure(self, model: nn.Module) -> dict:
+        """The model against the reference, and its latency on the scale of the first reference
+        measurement (ms x first reference / this reference): a slow spell of a shared machine
+        slows both files of one measurement, so their ratio holds across measurements."""
+        ref_ms, ms = self.time(model)
+        if self.first_reference_ms is None:
+            self.first_reference_ms = ref_ms
+        scaled = ms * self.first_reference_ms / ref_ms
+        return {"reference_ms": ref_ms, "ms": ms, "scaled_ms": round(scaled, 4), "speedup": round(ref_ms / ms, 3)}
+
+    def goal_ms(self, margin: float = 0.0) -> float:
+        """The target on the first reference measurement's scale (an absolute latency_ms as is),
+        `margin` faster than asked."""
+        goal = self.target.latency_ms or self.first_reference_ms / self.target.speedup
+        return goal / (1 + margin)
+
+    def met(self, m: dict) -> bool:
+        if self.target.latency_ms is not None:
+            return m["ms"] <= self.target.latency_ms
+        return m["speedup"] >= self.target.speedup
+
+    def close(self) -> None:
+        self._work.cleanup()

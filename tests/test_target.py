@@ -1,0 +1,155 @@
+"""Compressing to a target: the recipe's target block, the latency tables and their predictions,
+latency-aware pruning that meets a measured speed-up on the digits, and the refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+import yaml
+
+from effvision.cli import main
+from effvision.compress.latency import LatencyTables, build_latency_model, find_layers, grid
+from effvision.compress.latency_prune import channel_groups, layer_widths, plan_widths
+from effvision.compress.prune import prune
+from effvision.models import create_model
+
+CPU = torch.device("cpu")
+SHAPE = [3, 32, 32]
+
+
+def _one_line(code: int, err: str, *words: str) -> None:
+    err = err.strip()
+    assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, (code, err)
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_grid_is_eighths_rounded_to_the_multiple():
+    assert grid(64) == [8, 16, 24, 32, 40, 48, 56, 64]
+    assert grid(30, 4) == [4, 8, 12, 16, 20, 24, 28, 30]
+    assert grid(5) == [1, 2, 3, 4, 5]
+
+
+def test_latency_tables_are_measured_once_and_cached(cache):
+    model = create_model("cifar_resnet8", num_classes=10).eval()
+    layers = find_layers(model, SHAPE)
+    assert [layer.name for layer in layers][:2] == ["stem.0", "stages.0.conv1"] and layers[-1].kind == "linear"
+    tables = LatencyTables("onnxruntime-cpu", 1, CPU, cache)
+    lat = build_latency_model(model, SHAPE, tables, fixed_in={"stem.0"}, fixed_out={"fc"})
+    assert tables.measured > 50 and tables.path.is_file()
+    half = prune(create_model("cifar_resnet8", num_classes=10).eval(), 0.5)
+    assert lat.table_sum(layer_widths(half)) < 0.6 * lat.table_sum({})  # half the channels: a quarter the MACs
+    lat.add_measurement({}, 1.0)
+    assert lat.predict({}) == pytest.approx(1.0) and lat.predict(layer_widths(half)) < 0.6
+    again = LatencyTables("onnxruntime-cpu", 1, CPU, cache)
+    build_latency_model(model, SHAPE, again, fixed_in={"stem.0"}, fixed_out={"fc"})
+    assert again.measured == 0  # every grid point came from the cache
+
+
+def test_plan_meets_the_predicted_target_on_grid_widths(tmp_path):
+    torch.manual_seed(0)
+    model = create_model("cifar_resnet8", num_classes=10, width=0.5).eval()
+    groups = channel_groups(model)
+    original = {g.root: g.width for g in groups}
+    assert all(abs(g.scores.mean() - 1) < 1e-3 for g in groups)  # each group's importance normalised to mean 1
+    tables = LatencyTables("onnxruntime-cpu", 1, CPU, tmp_path / "cache")
+    fixed_in = {n for n in layer_widths(model) if not any(n in g.ins for g in groups)}
+    fixed_out = {n for n in layer_widths(model) if not any(n in g.outs for g in groups)}
+    lat = build_latency_model(model, SHAPE, tables, 1, fixed_in, fixed_out)
+    lat.add_measurement({}, 1.0)
+    goal = 0.8 * lat.predict({})
+    plan = plan_widths(groups, original, layer_widths(model), lat, goal)
+    assert plan.reached and plan.predicted_ms <= goal < plan.start_ms and len(plan.widths) >= 1
+    for root, w in plan.widths.items():
+        assert w in grid(original[root]) and w >= original[root] / 8, (root, w)
+    # the channels given up are each group's least important ones
+    by_root = {g.root: g for g in groups}
+    lost = sum(by_root[r].scores[: by_root[r].width - w].sum() for r, w in plan.widths.items())
+    assert abs(lost - plan.importance_lost) < 1e-6
+    floor = plan_widths(groups, original, layer_widths(model), lat, 0.0)
+    assert not floor.reached and floor.predicted_ms < plan.predicted_ms
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One latency-table cache for the module: the tables test fills it for the ResNet-8 the
+    aimed run prunes, so that run times no table twice."""
+    return tmp_path_factory.mktemp("latency-cache")
+
+
+@pytest.fixture(scope="module")
+def aimed_run(tmp_path_factory, cache):
+    """The zoo's trained digits ResNet-8 (0.9917), pruned to 1.5x the fp32 ONNX reference at batch 1
+    in two steps, exported and benchmarked against the reference."""
+    raw = {
+        "name": "aimed",
+        "data": {"name": "digits", "max_train_samples": 400},
+        "model": {"name": "cifar_resnet8_100.digits", "pretrained": "zoo"},
+        "target": {"speedup": 1.5, "batch": 1, "max_drop": 0.02},
+        "stages": [
+            {"type": "prune", "aim": {"steps": 2, "cache_dir": str(cache), "finetune": {"epochs": 1}}},
+            {"type": "export"},
+            {"type": "bench", "batches": [1], "repeats": 60},
+        ],
+    }
+    tmp = tmp_path_factory.mktemp("aimed")
+    recipe = tmp / "aimed.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    run = tmp / "run"
+    return main(["compress", str(recipe), "--run-dir", str(run)]), run, recipe
+
+
+def test_latency_aware_prune_meets_a_speedup_target_measured_on_the_shipped_file(aimed_run):
+    code, run, _ = aimed_run
+    report = json.loads((run / "report.json").read_text())
+    t = report["target"]
+    assert code == 0 and t["met"] is True, t
+    assert t["measured_by"].startswith("bench stage") and t["measured_speedup"] >= 1.5 and t["accuracy_delta"] >= -0.02
+    aim = next(s for s in report["stages"] if s["type"] == "prune")["aim"]
+    assert aim["latency_model"]["points_timed"] == 0  # the tables test's cache
+    assert len(aim["steps"]) >= 2 and all(s["ms"] > 0 for s in aim["steps"])
+    # the latency model's prediction of each step, before its measurement: within 30% on a shared
+    # 2-core machine (BENCHMARKS.md has its error on quiet runs)
+    assert all(abs(s["prediction_error"]) < 0.3 for s in aim["steps"]), aim["steps"]
+    kept = {root: new / old for root, (old, new) in aim["widths"].items()}
+    assert len(set(kept.values())) > 1, kept  # per-layer widths, not one uniform fraction
+    assert "Target 1.5x on onnxruntime-cpu at batch 1: met" in (run / "report.md").read_text()
+
+
+def _digest(folder) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize(
+    "sets,words",
+    [
+        (["target.speedup=1.0"], ["target.speedup: must be > 1"]),
+        (["target.latency_ms=0.5"], ["give exactly one of speedup"]),
+        (["target.backend=onnxruntime-cpux"], ["target.backend", "did you mean 'onnxruntime-cpu'"]),
+        (["target.backend=onnxruntime-cuda"], ["backend 'onnxruntime-cuda' is not available"]),
+        (["target.speedup=60"], ["out of reach", "predicted at", "earlier stages are kept"]),
+    ],
+)
+def test_bad_targets_are_one_line_and_lose_nothing(aimed_run, sets, words, capsys, tmp_path):
+    _, run, recipe = aimed_run
+    before = _digest(run)
+    capsys.readouterr()
+    args = [a for s in sets for a in ("--set", s)]
+    if sets[0].startswith("target.speedup=60"):  # refused by the search, on a copy of the run folder
+        import shutil
+
+        run_copy = tmp_path / "run"
+        shutil.copytree(run, run_copy)
+        code = main(["compress", str(recipe), *args, "--run-dir", str(run_copy)])
+        _one_line(code, capsys.readouterr().err, *words)
+        assert (run_copy / "stages/0-init/model.pt").is_file()
+    else:
+        _one_line(main(["compress", str(recipe), *args, "--run-dir", str(run)]), capsys.readouterr().err, *words)
+    assert _digest(run) == before
