@@ -44,6 +44,7 @@ class Layer:
     padding: tuple[int, ...]
     dilation: tuple[int, ...]
     spatial: tuple[int, ...]  # the input's size after (batch, channels); a linear layer's leading dims
+    per_sample: int = 1  # rows of the layer's batch per input sample (a video net's frames)
 
     @property
     def depthwise(self) -> bool:
@@ -61,6 +62,7 @@ class Layer:
                 self.padding,
                 self.dilation,
                 self.spatial,
+                self.per_sample,
             ]
         )
 
@@ -78,6 +80,7 @@ class Layer:
             self.padding,
             self.dilation,
             self.spatial,
+            self.per_sample,
         )
 
 
@@ -105,9 +108,9 @@ def find_layers(model: nn.Module, shape: list[int]) -> list[Layer]:
 
 
 def _describe(name: str, m: nn.Module, inputs) -> Layer:
-    x = inputs[0]
+    x = inputs[0]  # of a forward on one sample: its first dimension is the rows per sample
     if isinstance(m, nn.Linear):
-        return Layer(name, "linear", m.in_features, m.out_features, 1, (), (), (), (), tuple(x.shape[1:-1]))
+        return Layer(name, "linear", m.in_features, m.out_features, 1, (), (), (), (), tuple(x.shape[1:-1]), x.shape[0])
     pad = m.padding if isinstance(m.padding, tuple) else (0,) * len(m.kernel_size)  # 'same'/'valid' strings
     return Layer(
         name,
@@ -120,6 +123,7 @@ def _describe(name: str, m: nn.Module, inputs) -> Layer:
         tuple(pad),
         tuple(m.dilation),
         tuple(x.shape[2:]),
+        x.shape[0],
     )
 
 
@@ -266,8 +270,9 @@ class LatencyTables:
                     target = layer_module(layer) if inst.takes == "model" else layer_onnx(layer, path)
                     loaded[key] = inst.load(target, _input_shape(layer), opts)
                 for order in (chunk, chunk[::-1]):
-                    for key, _ in order:
-                        p50 = measure(loaded[key], self.batch, self.device, warmup=5, repeats=15)["p50"]
+                    for key, layer in order:
+                        rows = self.batch * layer.per_sample
+                        p50 = measure(loaded[key], rows, self.device, warmup=5, repeats=15)["p50"]
                         best[key] = min(best.get(key, p50), p50)
         return best
 
