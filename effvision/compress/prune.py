@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -58,20 +59,33 @@ def prune(
     round_to: int | None = None,
     iterative_steps: int = 1,
     calib_loader=None,
+    between_steps: Callable[[int], None] | None = None,
 ) -> nn.Module:
     """Remove `ratio` of the prunable channels in place (the classifier's outputs are kept);
-    `layer_ratios` (by name or re:regex) set other ratios for some layers (0 keeps them whole)."""
+    `layer_ratios` (by name or re:regex) set other ratios for some layers (0 keeps them whole).
+    With iterative_steps, `between_steps(k)` (training, typically) runs after each step but the last."""
     model = model.cpu().eval()
-    with traceable(model):
+    with traceable(model) as frozen:
         per_layer = {m: r for pat, r in (layer_ratios or {}).items() for m in match_layers(model, [pat]).values()}
         pruner = meta_pruner(model, importance, ignore, ratio, global_pruning, per_layer, round_to, iterative_steps)
         # Nested classifiers too (a video model's 2D backbone): each keeps its cached widths in step.
         owners = [m for m in model.modules() if hasattr(m, "reset_classifier")] or [model]
         widths_before = [(m, _head_widths(m)) for m in owners]
-        for _ in range(iterative_steps):
+        for k in range(1, iterative_steps + 1):
             if importance == "taylor":
                 _accumulate_gradients(model, calib_loader)
             pruner.step()
+            if between_steps is not None and k < iterative_steps:
+                model.zero_grad(set_to_none=True)
+                for owner, before in widths_before:  # trained as the pruned model it now is
+                    _sync_cached_widths(owner, before)
+                widths_before = [(m, _head_widths(m)) for m in owners]
+                for n, q in model.named_parameters():
+                    q.requires_grad_(n not in frozen)
+                between_steps(k)
+                model.cpu().eval()
+                for q in model.parameters():
+                    q.requires_grad_(True)
         model.zero_grad(set_to_none=True)
     for owner, before in widths_before:
         _sync_cached_widths(owner, before)
@@ -87,7 +101,7 @@ def traceable(model: nn.Module):
     for q in model.parameters():
         q.requires_grad_(True)
     try:
-        yield
+        yield frozen
     finally:
         for n, q in model.named_parameters():
             q.requires_grad_(n not in frozen)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from ..recipe import StageConfig, Strict, TargetConfig
 from ..stage import StageResult, register_stage
 from ..train.config import TrainSettings
 from ..train.loop import fit
+from .finetune import FinetuneSettings, finetune, recalibrate_batchnorm
 from .prune import prune
 from .quantize import Int8Builder
 from .selection import ProxyConfig, choose, proxy_factory
@@ -88,7 +90,14 @@ class PruneConfig(StageConfig):
     )
     ignore: list[str] = Field(default_factory=list, description="module names or re:regex kept intact")
     round_to: Optional[int] = Field(None, gt=0, description="keep channel counts multiples of this")
-    iterative_steps: int = Field(1, ge=1)
+    iterative_steps: int = Field(
+        1, ge=1, description="prune in this many steps, each followed (but the last) by finetune.step_epochs"
+    )
+    finetune: FinetuneSettings = Field(
+        default_factory=FinetuneSettings,
+        description="distillation from the model entering the stage: between iterative steps, and aiming at a "
+        "target after each step and at the end (epochs)",
+    )
     target: Union[TargetConfig, bool, None] = Field(
         None,
         description="aim at a latency target with per-layer widths: this block, or the recipe's (null or true); "
@@ -117,6 +126,13 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
 
         aimed = prune_to_target(ctx, target, cfg, reference_model(ctx) or model)
         return ctx.torch_result(model, extra={"target": target.model_dump(), "aim": aimed})
+    between = None
+    if cfg.iterative_steps > 1 and cfg.finetune.step_epochs > 0:  # gradual: prune, train, prune, ...
+        teacher = copy.deepcopy(model).to(ctx.device).eval()
+
+        def between(k: int) -> None:
+            finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.step_epochs, f"{cfg.name} step {k}")
+
     prune(
         model,
         cfg.ratio,
@@ -127,8 +143,12 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
         cfg.round_to,
         cfg.iterative_steps,
         calib_loader=ctx.data.train_loader(seed=ctx.seed) if cfg.importance == "taylor" else None,
+        between_steps=between,
     )
-    return ctx.torch_result(model)
+    if between is not None:  # the last step's widths get their batch-norm statistics too
+        recalibrate_batchnorm(model, ctx.data)
+    trained = cfg.finetune.step_epochs * (cfg.iterative_steps - 1) if between else 0
+    return ctx.torch_result(model, extra={"epochs_between_steps": trained})
 
 
 class DistillConfig(TrainSettings, StageConfig):

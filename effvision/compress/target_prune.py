@@ -1,37 +1,23 @@
 """Latency-aware pruning to a target, gradually: each step plans per-layer widths that remove a
 slice of the latency still to go (latency_prune.plan_widths on tables measured here), prunes to
-them, fine-tunes briefly by distillation from the unpruned model, and measures the whole model
+them, fine-tunes briefly by distillation from the unpruned model (finetune.py), and measures the whole model
 against the reference on the target backend; a final distillation follows. The measured latency
 corrects the latency model for the next step, and the stage's answer is the last measurement."""
 
 from __future__ import annotations
 
 import copy
-from typing import Literal
 
 from pydantic import Field
 
 from ..errors import EffvisionError
 from ..progress import log
 from ..recipe import Strict, TargetConfig
-from ..train.config import TrainSettings
 from .aim import Aim
+from .finetune import finetune
 from .latency import LatencyTables, build_latency_model
 from .latency_prune import MIN_FRACTION, channel_groups, group_widths, layer_widths, plan_widths, ratios_for
 from .prune import prune
-
-
-class FinetuneSettings(TrainSettings):
-    """The distillation after each pruning step and at the end (teacher: the unpruned model)."""
-
-    epochs: int = Field(8, ge=0, description="the final distillation's epochs")
-    # A one-epoch fine-tune under the loop's default one-cycle warm-up would end at its peak rate.
-    schedule: Literal["onecycle", "cosine", "constant", "step"] = "cosine"
-    warmup_epochs: float = Field(0.0, ge=0)
-    step_epochs: int = Field(1, ge=0, description="epochs of distillation after each pruning step")
-    lr: float = Field(0.02, gt=0)
-    temperature: float = Field(4.0, gt=0)
-    alpha: float = Field(0.9, ge=0, le=1)
 
 
 class TargetPruneSettings(Strict):
@@ -43,32 +29,9 @@ class TargetPruneSettings(Strict):
         description="steps aim this much faster than the target, so that the bench stage's own timing "
         "(another sample of a noisy clock) still finds it met; two timings of one file differed by 6% here",
     )
-    finetune: FinetuneSettings = Field(default_factory=FinetuneSettings)
     warmup: int = Field(5, ge=0)
     repeats: int = Field(40, ge=4, description="timed calls per model at each measurement, interleaved")
     cache_dir: str = Field("runs/cache/latency", description="where measured latency tables are kept")
-
-
-def recalibrate_batchnorm(model, data, samples: int = 1024) -> None:
-    """Batch-norm statistics recomputed on training images (torch's update_bn): a layer pruned
-    upstream sees other inputs, and a short fine-tune moves the running averages only part of the
-    way. Digits ResNet-8 with its stem cut from 32 to 8 channels: top-1 0.20 -> 0.75 by this alone;
-    after one epoch of distillation 0.31 without it, 0.98 with it."""
-    from torch.optim.swa_utils import update_bn
-
-    loader = data.train_eval_loader(range(min(samples, len(data.train))), batch_size=128)
-    device = next(model.parameters()).device
-    update_bn(loader, model, device)
-    model.eval()
-
-
-def _finetune(ctx, model, teacher, s: FinetuneSettings, epochs: int, label: str) -> None:
-    from ..train.loop import fit
-
-    if epochs > 0:
-        settings = s.model_copy(update={"epochs": epochs})
-        fit(model, ctx.data, settings, ctx.device, ctx.seed, teacher, s.temperature, s.alpha, label)
-    recalibrate_batchnorm(model, ctx.data)
 
 
 EXTRA_STEPS = 3  # steps after the planned ones while the measured model still misses the target
@@ -109,7 +72,7 @@ def prune_to_target(ctx, target: TargetConfig, cfg, reference) -> dict:
             else:  # the measurement missed: predict past the goal by the miss, from where the model is
                 step_goal = lat.predict(layer_widths(model)) - (last["scaled_ms"] - goal)
             last = _step(ctx, cfg, model, teacher, aim, lat, original, step_goal, k, record)
-        _finetune(ctx, model, teacher, cfg.aim.finetune, cfg.aim.finetune.epochs, f"{cfg.name} distill")
+        finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.epochs, f"{cfg.name} distill")
         record["widths"] = {r: [original[r], w] for r, w in group_widths(model, groups).items() if w < original[r]}
         final = aim.measure(model)
         met = aim.met(final)
@@ -154,7 +117,7 @@ def _step(ctx, cfg, model, teacher, aim: Aim, lat, original, step_goal: float, k
     if plan.widths:
         prune(model, 0.0, cfg.importance, layer_ratios=ratios_for(plan, groups), ignore=cfg.ignore)
     got = group_widths(model, groups)
-    _finetune(ctx, model, teacher, cfg.aim.finetune, cfg.aim.finetune.step_epochs, f"{cfg.name} step {k}")
+    finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.step_epochs, f"{cfg.name} step {k}")
     m = aim.measure(model)
     predicted = lat.predict(layer_widths(model))  # before this measurement joins the line
     lat.add_measurement(layer_widths(model), m["scaled_ms"])

