@@ -282,20 +282,22 @@ class LatencyTables:
         return self._parsed[signature]
 
     def lookup(self, layer: Layer, cin: float, cout: float) -> float:
-        """Milliseconds at (cin, cout), bilinear between the measured grid points around it."""
+        """Milliseconds at (cin, cout), bilinear between the measured grid points around it. Layers
+        that share a table may have measured different grids (a classifier's fixed outputs beside
+        another layer's), so the input width is interpolated along each output width measured."""
         pts = self._points(layer.signature())
         if layer.depthwise:
             xs = sorted({a for a, _ in pts})
             return float(np.interp(min(cin, cout), xs, [pts[(a, a)] for a in xs]))
-        ins, outs = sorted({a for a, _ in pts}), sorted({b for _, b in pts})
-        cin, cout = float(np.clip(cin, ins[0], ins[-1])), float(np.clip(cout, outs[0], outs[-1]))
-        i0, i1 = _bracket(ins, cin)
-        o0, o1 = _bracket(outs, cout)
-        fi = 0.0 if i1 == i0 else (cin - i0) / (i1 - i0)
+
+        def along(out: int) -> float:
+            ins = sorted(a for a, b in pts if b == out)
+            return float(np.interp(cin, ins, [pts[(a, out)] for a in ins]))
+
+        outs = sorted({b for _, b in pts})
+        o0, o1 = _bracket(outs, float(np.clip(cout, outs[0], outs[-1])))
         fo = 0.0 if o1 == o0 else (cout - o0) / (o1 - o0)
-        top = (1 - fo) * pts[(i0, o0)] + fo * pts[(i0, o1)]
-        bottom = (1 - fo) * pts[(i1, o0)] + fo * pts[(i1, o1)]
-        return float((1 - fi) * top + fi * bottom)
+        return (1 - fo) * along(o0) + fo * along(o1)
 
 
 def _bracket(values: list[int], v: float) -> tuple[int, int]:
