@@ -15,7 +15,7 @@ import json
 import os
 import platform
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -67,21 +67,11 @@ class Layer:
         )
 
     def at(self, cin: int, cout: int) -> Layer:
+        """The same layer at other widths (a depthwise conv keeps one width for both)."""
         if self.depthwise:
             cin = cout = min(cin, cout)
-        return Layer(
-            self.name,
-            self.kind,
-            cin,
-            cout,
-            cin if self.depthwise else self.groups,
-            self.kernel,
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.spatial,
-            self.per_sample,
-        )
+            return replace(self, cin=cin, cout=cout, groups=cin)
+        return replace(self, cin=cin, cout=cout)
 
 
 def find_layers(model: nn.Module, shape: list[int]) -> list[Layer]:
@@ -111,7 +101,11 @@ def _describe(name: str, m: nn.Module, inputs) -> Layer:
     x = inputs[0]  # of a forward on one sample: its first dimension is the rows per sample
     if isinstance(m, nn.Linear):
         return Layer(name, "linear", m.in_features, m.out_features, 1, (), (), (), (), tuple(x.shape[1:-1]), x.shape[0])
-    pad = m.padding if isinstance(m.padding, tuple) else (0,) * len(m.kernel_size)  # 'same'/'valid' strings
+    if isinstance(m.padding, tuple):
+        pad = m.padding
+    else:  # 'same' keeps the size (stride 1), 'valid' pads nothing
+        same = m.padding == "same"
+        pad = tuple(d * (k - 1) // 2 if same else 0 for k, d in zip(m.kernel_size, m.dilation, strict=True))
     return Layer(
         name,
         "conv",
