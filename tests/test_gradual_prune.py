@@ -1,4 +1,5 @@
-"""Gradual pruning: iterative steps alternate with training, in the prune function and the stage."""
+"""Gradual pruning: iterative steps alternate with training, in the prune function and the stage;
+sparsity training before pruning."""
 
 from __future__ import annotations
 
@@ -48,3 +49,20 @@ def test_prune_stage_trains_between_iterative_steps(tmp_path):
     assert gradual["params"] == at_once["params"]  # the same widths
     # measured: 0.75 against 0.10 (both before any distill stage)
     assert gradual["accuracy"] > at_once["accuracy"] + 0.3 and gradual["accuracy"] > 0.6, (gradual, at_once)
+
+
+def test_sparsity_training_makes_pruning_lose_less(tmp_path):
+    """Two epochs of distillation with torch-pruning's group-norm regulariser before a one-shot
+    half prune of the digits ResNet-8, against the same two epochs with a negligible coefficient:
+    the less important half of each group fades, and the pruned model keeps more of its accuracy
+    (measured: 0.66 against 0.45, batch-norm statistics recomputed after pruning in both)."""
+    raw = tiny_recipe(model={"name": "cifar_resnet8_100.digits", "pretrained": "zoo"})
+    runs = {}
+    for reg in (0.05, 1e-9):
+        raw["stages"] = [{"type": "prune", "ratio": 0.5, "sparsity": {"epochs": 2, "reg": reg}}]
+        runs[reg] = run_pipeline(validate_recipe(raw), tmp_path / f"run-{reg}")["stages"][0]
+    sparse, plain = runs[0.05], runs[1e-9]
+    share = sparse["sparsity"]["low_half_share"]
+    assert share["after"] < share["before"] - 0.05 and plain["sparsity"]["low_half_share"]["after"] > 0.45, share
+    assert sparse["params"] == plain["params"]  # the same widths
+    assert sparse["accuracy"] > plain["accuracy"] + 0.1, (sparse["accuracy"], plain["accuracy"])

@@ -11,10 +11,12 @@ import torch
 import yaml
 
 from effvision.cli import main
+from effvision.compress.align import fastest_multiple
 from effvision.compress.latency import LatencyTables, build_latency_model, find_layers, grid
 from effvision.compress.latency_prune import channel_groups, layer_widths, plan_widths
 from effvision.compress.prune import prune
 from effvision.models import create_model
+from effvision.models.profile import count_macs
 
 CPU = torch.device("cpu")
 SHAPE = [3, 32, 32]
@@ -49,17 +51,17 @@ def test_latency_tables_are_measured_once_and_cached(cache):
     assert again.measured == 0  # every grid point came from the cache
 
 
-def test_plan_meets_the_predicted_target_on_grid_widths(tmp_path):
+def test_plan_meets_the_predicted_target_on_grid_widths(cache):
     torch.manual_seed(0)
-    model = create_model("cifar_resnet8", num_classes=10, width=0.5).eval()
+    model = create_model("cifar_resnet8", num_classes=10).eval()
     groups = channel_groups(model)
     original = {g.root: g.width for g in groups}
     assert all(abs(g.scores.mean() - 1) < 1e-3 for g in groups)  # each group's importance normalised to mean 1
-    tables = LatencyTables("onnxruntime-cpu", 1, CPU, tmp_path / "cache")
+    tables = LatencyTables("onnxruntime-cpu", 1, CPU, cache)  # the tables test's
     fixed_in = {n for n in layer_widths(model) if not any(n in g.ins for g in groups)}
     fixed_out = {n for n in layer_widths(model) if not any(n in g.outs for g in groups)}
     lat = build_latency_model(model, SHAPE, tables, 1, fixed_in, fixed_out)
-    lat.add_measurement({}, 1.0)
+    lat.add_measurement({}, lat.table_sum({}))  # measured as tabled: the line is the tables' sum
     goal = 0.8 * lat.predict({})
     plan = plan_widths(groups, original, layer_widths(model), lat, goal)
     assert plan.reached and plan.predicted_ms <= goal < plan.start_ms and len(plan.widths) >= 1
@@ -73,10 +75,41 @@ def test_plan_meets_the_predicted_target_on_grid_widths(tmp_path):
     assert not floor.reached and floor.predicted_ms < plan.predicted_ms
 
 
+class BlockedBackend:
+    """An Aim's stand-in: a network takes its MACs in ms, twice that when any layer's output width
+    is off `block` channels (as ONNX Runtime's blocked layout does on x86); the reference 1 ms."""
+
+    def __init__(self, block: int | None):
+        self.block = block
+
+    def timings(self, models: dict) -> dict:
+        out = {"reference": 1.0}
+        for name, m in models.items():
+            outs = [c for layer, (_, c) in layer_widths(m).items() if layer != "fc"]
+            off = self.block is not None and any(c % self.block for c in outs)
+            out[name] = count_macs(m, SHAPE) / 1e6 * (2 if off else 1)
+        return out
+
+    def scaled(self, ms: float, reference_ms: float) -> float:
+        return ms / reference_ms
+
+
+@pytest.mark.parametrize("block", [8, 4, None])
+def test_the_channel_multiple_is_the_block_the_backend_runs_fast(block):
+    """Measured in the network: widths m/2 short of a multiple m that buy nothing mean m pays."""
+    model = create_model("cifar_resnet8", num_classes=10).eval()  # widths 16, 32, 64
+    found = fastest_multiple(model, channel_groups(model), BlockedBackend(block), SHAPE)
+    assert found["multiple"] == (block or 1), found["probes"]
+    half, half_ms = found["half"]
+    assert all(c % max(2, block or 1) == 0 for c in [w for _, w in layer_widths(half).values()][:-1])
+    assert [p["multiple"] for p in found["probes"]] == [m for m in (16, 8, 4, 2) if m >= (block or 1)]
+    assert half_ms == pytest.approx(count_macs(half, SHAPE) / 1e6)
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """One latency-table cache for the module: the tables test fills it for the ResNet-8 the
-    aimed run prunes, so that run times no table twice."""
+    """One latency-table cache for the module: the tables test fills it for the ResNet-8 that the
+    plan test and the aimed run prune, so they time no table twice."""
     return tmp_path_factory.mktemp("latency-cache")
 
 
@@ -115,6 +148,9 @@ def test_latency_aware_prune_meets_a_speedup_target_measured_on_the_shipped_file
     # the latency model's prediction of each step, before its measurement: within 30% on a shared
     # 2-core machine (BENCHMARKS.md has its error on quiet runs)
     assert all(abs(s["prediction_error"]) < 0.3 for s in aim["steps"]), aim["steps"]
+    multiple = aim["channel_multiple"]["multiple"]  # measured on this machine, candidates recorded
+    assert aim["channel_multiple"]["from"] == "measured" and aim["channel_multiple"]["probes"][0]["multiple"] == 16
+    assert all(new % multiple == 0 for _, new in aim["widths"].values()), (multiple, aim["widths"])
     kept = {root: new / old for root, (old, new) in aim["widths"].items()}
     assert len(set(kept.values())) > 1, kept  # per-layer widths, not one uniform fraction
     assert "Target 1.4x on onnxruntime-cpu at batch 1: met" in (run / "report.md").read_text()
@@ -135,7 +171,7 @@ def _digest(folder) -> str:
         (["target.latency_ms=0.5"], ["give exactly one of speedup"]),
         (["target.backend=onnxruntime-cpux"], ["target.backend", "did you mean 'onnxruntime-cpu'"]),
         (["target.backend=onnxruntime-cuda"], ["backend 'onnxruntime-cuda' is not available"]),
-        (["target.speedup=60"], ["out of reach", "predicted at", "earlier stages are kept"]),
+        (["target.speedup=60"], ["out of reach", "measures", "earlier stages are kept"]),
     ],
 )
 def test_bad_targets_are_one_line_and_lose_nothing(aimed_run, sets, words, capsys, tmp_path):

@@ -18,6 +18,7 @@ from ..recipe import TargetConfig
 
 def target_device(backend: str, device: torch.device) -> torch.device:
     """The device a backend runs on: the run's, when the backend runs there, else its own."""
+    from ..deploy import backends  # noqa: F401  (registers the backends)
     from ..registry import BACKENDS
 
     supports = BACKENDS.get(backend).supports
@@ -70,14 +71,17 @@ class Aim:
         work.mkdir(parents=True, exist_ok=True)
         return export_for_backend(model, takes, "fp32", work, self.shape, batch=self.target.batch)[0]
 
-    def time(self, model: nn.Module) -> tuple[float, float]:
-        """(reference ms, model ms): medians at the target batch, timed side by side."""
+    def timings(self, models: dict[str, nn.Module]) -> dict[str, float]:
+        """Median ms of the reference and of each model at the target batch, timed interleaved
+        in one run, keyed by name ("reference" for the reference)."""
         from ..deploy.bench import compare
 
-        self._count += 1
-        candidate = self._artifact(copy.deepcopy(model).cpu().eval(), f"candidate-{self._count}")
+        targets = {"reference": (self._ref, "fp32")}
+        for name, model in models.items():
+            self._count += 1
+            targets[name] = (self._artifact(copy.deepcopy(model).cpu().eval(), f"candidate-{self._count}"), "fp32")
         rows = compare(
-            {"reference": (self._ref, "fp32"), "candidate": (candidate, "fp32")},
+            targets,
             self.shape,
             self.target.backend,
             [self.target.batch],
@@ -86,17 +90,21 @@ class Aim:
             self.repeats,
             rounds=min(8, self.repeats),
         )
-        p50 = {r["target"]: r["p50"] for r in rows}
-        return p50["reference"], p50["candidate"]
+        return {r["target"]: r["p50"] for r in rows}
+
+    def scaled(self, ms: float, reference_ms: float) -> float:
+        """`ms` on the scale of the first reference measurement (ms x first reference / this
+        reference): a slow spell of a shared machine slows both files of one measurement, so
+        their ratio holds across measurements."""
+        if self.first_reference_ms is None:
+            self.first_reference_ms = reference_ms
+        return ms * self.first_reference_ms / reference_ms
 
     def measure(self, model: nn.Module) -> dict:
-        """The model against the reference, and its latency on the scale of the first reference
-        measurement (ms x first reference / this reference): a slow spell of a shared machine
-        slows both files of one measurement, so their ratio holds across measurements."""
-        ref_ms, ms = self.time(model)
-        if self.first_reference_ms is None:
-            self.first_reference_ms = ref_ms
-        scaled = ms * self.first_reference_ms / ref_ms
+        """The model against the reference: both medians, the speed-up and the scaled latency."""
+        p50 = self.timings({"candidate": model})
+        ref_ms, ms = p50["reference"], p50["candidate"]
+        scaled = self.scaled(ms, ref_ms)
         return {"reference_ms": ref_ms, "ms": ms, "scaled_ms": round(scaled, 4), "speedup": round(ref_ms / ms, 3)}
 
     def goal_ms(self, margin: float = 0.0) -> float:

@@ -37,11 +37,23 @@ def recalibrate_batchnorm(model, data, samples: int = 1024) -> None:
     model.eval()
 
 
-def finetune(ctx, model, teacher, s: FinetuneSettings, epochs: int, label: str) -> None:
+def finetune(ctx, model, teacher, s: FinetuneSettings, epochs: int, label: str, after_backward=None) -> None:
+    """`epochs` of distillation (none: the statistics alone), then batch-norm recomputed;
+    after_backward: fit's hook on each batch's gradients."""
     from ..train.loop import fit
 
-    """`epochs` of distillation (none: the statistics alone), then batch-norm recomputed."""
     if epochs > 0:
         settings = s.model_copy(update={"epochs": epochs})
-        fit(model, ctx.data, settings, ctx.device, ctx.seed, teacher, s.temperature, s.alpha, label)
+        fit(
+            model,
+            ctx.data,
+            settings,
+            ctx.device,
+            ctx.seed,
+            teacher,
+            s.temperature,
+            s.alpha,
+            label,
+            after_backward=after_backward,
+        )
     recalibrate_batchnorm(model, ctx.data)

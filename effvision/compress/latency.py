@@ -26,6 +26,7 @@ from ..fileio import write_json
 from ..progress import log
 
 LEVELS = 8  # grid points per width: k/8 of the full width, k = 1..8
+TIMED_MS = 10  # timed per layer and pass: a 30-microsecond layer's median over 15 calls is noise
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
@@ -72,6 +73,11 @@ class Layer:
             cin = cout = min(cin, cout)
             return replace(self, cin=cin, cout=cout, groups=cin)
         return replace(self, cin=cin, cout=cout)
+
+
+# The cost of one call with (almost) nothing to compute: every table time includes it, a network
+# pays it once. A 1x1 linear layer stands for it, timed with the tables.
+CALL = Layer("call", "linear", 1, 1, 1, (), (), (), (), (1,))
 
 
 def find_layers(model: nn.Module, shape: list[int]) -> list[Layer]:
@@ -226,8 +232,8 @@ class LatencyTables:
     def ensure(self, layers: list[Layer], points: dict[str, list[tuple[int, int]]]) -> None:
         """Time every (layer, cin, cout) of `points` (by layer name) the cache lacks, side by side."""
         todo: dict[str, Layer] = {}
-        for layer in layers:
-            for cin, cout in points[layer.name]:
+        for layer in [CALL, *layers]:
+            for cin, cout in points.get(layer.name, [(1, 1)]):
                 probe = layer.at(cin, cout)
                 key = f"{probe.cin},{probe.cout}"
                 if key not in self.ms.get(layer.signature(), {}):
@@ -244,8 +250,8 @@ class LatencyTables:
 
     def _time(self, todo: dict[str, Layer]) -> dict[str, float]:
         """Each layer timed alone with warm-up (a layer's weights warm in the cache, as when the
-        network runs), the sweep twice in opposite orders, keeping each layer's faster median (a
-        slow spell of a shared machine then costs a point only if it hits both passes). Timed
+        network runs), the sweep three times in alternating orders, keeping each layer's fastest
+        median (a slow spell of a shared machine then costs a point only if it hits every pass). Timed
         in tight alternation with 60 other sessions instead, a 128-channel conv measured 2.6x
         its own time alone."""
         from ..deploy.backends import BenchOptions, backend
@@ -263,12 +269,18 @@ class LatencyTables:
                     path = Path(tmp) / f"{i}.onnx"
                     target = layer_module(layer) if inst.takes == "model" else layer_onnx(layer, path)
                     loaded[key] = inst.load(target, _input_shape(layer), opts)
-                for order in (chunk, chunk[::-1]):
+                for order in (chunk, chunk[::-1], chunk):
                     for key, layer in order:
                         rows = self.batch * layer.per_sample
-                        p50 = measure(loaded[key], rows, self.device, warmup=5, repeats=15)["p50"]
+                        # the first pass estimates; later ones time each layer for about TIMED_MS
+                        repeats = 15 if key not in best else int(np.clip(TIMED_MS / best[key], 15, 400))
+                        p50 = measure(loaded[key], rows, self.device, warmup=5, repeats=repeats)["p50"]
                         best[key] = min(best.get(key, p50), p50)
         return best
+
+    def call_ms(self) -> float:
+        """The per-call cost every table time includes (timed by ensure)."""
+        return self.ms[CALL.signature()]["1,1"]
 
     def _points(self, signature: str) -> dict[tuple[int, int], float]:
         if signature not in self._parsed:
@@ -302,27 +314,34 @@ def _bracket(values: list[int], v: float) -> tuple[int, int]:
 
 class LatencyModel:
     """A network's latency at other layer widths, from its layers' tables: measured latency is
-    fitted as a + s * (sum of the layers' table times), a line through the network's measurements
-    (the full width and a uniformly pruned copy at least). A layer timed alone runs 1.4-2x slower
-    than inside its network (ONNX Runtime, 2-core x86: a 32-channel 3x3 conv at 32x32, 0.23-0.29 ms
-    alone against 0.14 ms in the network, by its profiler), and the rest of the network (element-
-    wise ops, pooling, the per-call cost) does not shrink with the tables: the line absorbs both."""
+    fitted as a + s * (sum of the layers' table times, each less the per-call cost), a line
+    through the network's measurements (full width, near half and a quarter width, each step's). A
+    layer timed alone runs 1.4-2x slower than inside its network (ONNX Runtime, 2-core x86: a
+    32-channel 3x3 conv at 32x32, 0.23-0.29 ms alone against 0.14 ms in the network, by its
+    profiler), and the rest of the network (element-wise ops, pooling, the per-call cost) does not
+    shrink with the tables: the line absorbs both."""
 
     def __init__(self, layers: list[Layer], tables: LatencyTables):
         self.layers, self.tables = layers, tables
-        self.points: list[tuple[float, float]] = []  # (table sum, measured ms)
+        self.measurements: list[tuple[dict[str, tuple[float, float]], float]] = []  # (widths, measured ms)
+
+    def layer_ms(self, layer: Layer, cin: float, cout: float) -> float:
+        """The layer's table time at (cin, cout) less the per-call cost it was timed with (a
+        network of 20 layers pays that once, not 20 times)."""
+        return max(0.0, self.tables.lookup(layer, cin, cout) - self.tables.call_ms())
 
     def table_sum(self, widths: dict[str, tuple[float, float]]) -> float:
         """widths: layer name -> (cin, cout) for the layers not at their full width."""
-        return sum(self.tables.lookup(layer, *widths.get(layer.name, (layer.cin, layer.cout))) for layer in self.layers)
+        return sum(self.layer_ms(layer, *widths.get(layer.name, (layer.cin, layer.cout))) for layer in self.layers)
 
     def add_measurement(self, widths: dict[str, tuple[float, float]], ms: float) -> None:
-        self.points.append((self.table_sum(widths), ms))
+        self.measurements.append((dict(widths), ms))
 
     def line(self) -> tuple[float, float]:
         """(a, s): the intercept and slope; with one measurement, s = 1 (savings taken as tabled)."""
-        sums, ms = np.array(self.points).T
-        if len(self.points) == 1 or np.ptp(sums) < 1e-9:
+        sums = np.array([self.table_sum(w) for w, _ in self.measurements])
+        ms = np.array([m for _, m in self.measurements])
+        if len(ms) == 1 or np.ptp(sums) < 1e-9:
             return float(ms.mean() - sums.mean()), 1.0
         s, a = np.polyfit(sums, ms, 1)
         if a < 0:  # through the origin instead: a negative intercept predicts a narrow net at ~0 ms

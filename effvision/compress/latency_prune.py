@@ -95,7 +95,7 @@ def plan_widths(
     _, slope = lat.line()
 
     def cost(names: set[str], trial: dict[str, tuple[float, float]]) -> float:
-        return slope * sum(lat.tables.lookup(tables[n], *trial[n]) for n in names)
+        return slope * sum(lat.layer_ms(tables[n], *trial[n]) for n in names)
 
     def moved(g: ChannelGroup, new: int) -> dict[str, tuple[float, float]]:
         f = new / widths[g.root]

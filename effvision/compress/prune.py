@@ -116,9 +116,12 @@ def meta_pruner(
     per_layer: dict[nn.Module, float] | None = None,
     round_to: int | None = None,
     iterative_steps: int = 1,
+    kind: str = "MetaPruner",
+    **options,
 ):
-    """torch-pruning's MetaPruner over the model's dependency graph, with the layers it must not
-    prune left out (the classifier's outputs, attention internals, `ignore`); inside traceable()."""
+    """torch-pruning's MetaPruner (or another of its pruners, `kind`, with its `options`) over the
+    model's dependency graph, with the layers it must not prune left out (the classifier's
+    outputs, attention internals, `ignore`); inside traceable()."""
     import torch_pruning as tp
 
     example = torch.zeros(1, *input_shape(model))
@@ -131,7 +134,7 @@ def meta_pruner(
         # Layer scales and the like: torch-pruning prunes their last non-singleton dimension, which
         # is their channel dimension; the ones that are not (per-head) are in `ignored` above.
         warnings.filterwarnings("ignore", message="Unwrapped parameters detected")
-        pruner = tp.pruner.MetaPruner(
+        pruner = getattr(tp.pruner, kind)(
             model,
             example,
             importance=_importance(importance),
@@ -142,6 +145,7 @@ def meta_pruner(
             round_to=round_to,
             iterative_steps=iterative_steps,
             unwrapped_parameters=_channel_parameters(model) or None,
+            **options,
         )
     if any(_is_uneven_grouped(m) for m in model.modules()):  # (another pass over the groups: only when needed)
         _keep_uneven_grouped_convs(pruner)

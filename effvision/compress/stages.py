@@ -21,6 +21,7 @@ from .finetune import FinetuneSettings, finetune, recalibrate_batchnorm
 from .prune import prune
 from .quantize import Int8Builder
 from .selection import ProxyConfig, choose, proxy_factory
+from .sparsity import SparsitySettings, train_sparse
 from .target_prune import TargetPruneSettings
 
 
@@ -89,7 +90,9 @@ class PruneConfig(StageConfig):
         default_factory=dict, description="per-layer ratio by module name or re:regex"
     )
     ignore: list[str] = Field(default_factory=list, description="module names or re:regex kept intact")
-    round_to: Optional[int] = Field(None, gt=0, description="keep channel counts multiples of this")
+    round_to: Optional[int] = Field(
+        None, gt=0, description="keep channel counts multiples of this (aiming at a target: unset measures it)"
+    )
     iterative_steps: int = Field(
         1, ge=1, description="prune in this many steps, each followed (but the last) by finetune.step_epochs"
     )
@@ -104,6 +107,10 @@ class PruneConfig(StageConfig):
         "false: the uniform ratio even when the recipe has a target",
     )
     aim: TargetPruneSettings = Field(default_factory=TargetPruneSettings)
+    sparsity: SparsitySettings = Field(
+        default_factory=SparsitySettings,
+        description="group-norm-regularised distillation before pruning (either mode)",
+    )
 
 
 def prune_target(ctx, cfg: PruneConfig) -> Optional[TargetConfig]:
@@ -120,15 +127,21 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
     widths chosen for a latency target measured on its backend."""
     model = ctx.model
     target = prune_target(ctx, cfg)
+    gradual = cfg.iterative_steps > 1 and cfg.finetune.step_epochs > 0  # prune, train, prune, ...
+    teacher = None  # the model entering the stage, for the trainings below
+    if gradual or cfg.sparsity.epochs:
+        teacher = copy.deepcopy(model).to(ctx.device).eval()
+    extra = {}
+    if cfg.sparsity.epochs:
+        extra["sparsity"] = train_sparse(ctx, model, teacher, cfg)
     if target is not None:
         from ..deploy.reference import reference_model
         from .target_prune import prune_to_target
 
-        aimed = prune_to_target(ctx, target, cfg, reference_model(ctx) or model)
-        return ctx.torch_result(model, extra={"target": target.model_dump(), "aim": aimed})
+        aimed = prune_to_target(ctx, target, cfg, reference_model(ctx) or teacher or model)
+        return ctx.torch_result(model, extra={**extra, "target": target.model_dump(), "aim": aimed})
     between = None
-    if cfg.iterative_steps > 1 and cfg.finetune.step_epochs > 0:  # gradual: prune, train, prune, ...
-        teacher = copy.deepcopy(model).to(ctx.device).eval()
+    if gradual:
 
         def between(k: int) -> None:
             finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.step_epochs, f"{cfg.name} step {k}")
@@ -145,10 +158,10 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
         calib_loader=ctx.data.train_loader(seed=ctx.seed) if cfg.importance == "taylor" else None,
         between_steps=between,
     )
-    if between is not None:  # the last step's widths get their batch-norm statistics too
+    if between is not None or cfg.sparsity.epochs:  # trained here: the pruned widths get their statistics too
         recalibrate_batchnorm(model, ctx.data)
     trained = cfg.finetune.step_epochs * (cfg.iterative_steps - 1) if between else 0
-    return ctx.torch_result(model, extra={"epochs_between_steps": trained})
+    return ctx.torch_result(model, extra={**extra, "epochs_between_steps": trained})
 
 
 class DistillConfig(TrainSettings, StageConfig):

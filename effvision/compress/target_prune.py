@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 from pydantic import Field
 
 from ..errors import EffvisionError
 from ..progress import log
 from ..recipe import Strict, TargetConfig
 from .aim import Aim
+from .align import aligned_widths, at_widths, fastest_multiple
 from .finetune import finetune
 from .latency import LatencyTables, build_latency_model
 from .latency_prune import MIN_FRACTION, channel_groups, group_widths, layer_widths, plan_widths, ratios_for
@@ -53,15 +55,7 @@ def prune_to_target(ctx, target: TargetConfig, cfg, reference) -> dict:
         if aim.met(first):
             log("  the model already meets the target: nothing pruned")
             return {**record, "final": first, "met": True}
-        lat, groups, original = _latency_model(ctx, cfg, aim, model, first, record)
-        floor = plan_widths(groups, original, layer_widths(model), lat, 0.0, cfg.round_to or 1)
-        if floor.predicted_ms > goal:
-            ref = aim.first_reference_ms
-            raise EffvisionError(
-                f"prune: target {aim.goal_ms():.3f} ms ({ref / aim.goal_ms():.2f}x the reference's {ref:.3f} ms on "
-                f"{target.backend}) is out of reach: every group at {MIN_FRACTION:.3g} of its width is predicted at "
-                f"{floor.predicted_ms:.3f} ms ({ref / floor.predicted_ms:.2f}x); earlier stages are kept"
-            )
+        lat, groups, original, multiple = measured_latency_model(model, ctx.input_shape, aim, first, cfg, record)
         start, last = first["scaled_ms"], first
         for k in range(1, cfg.aim.steps + EXTRA_STEPS + 1):
             if k > cfg.aim.steps and last["scaled_ms"] <= goal:
@@ -71,7 +65,7 @@ def prune_to_target(ctx, target: TargetConfig, cfg, reference) -> dict:
                 step_goal = start - (start - goal) * k / cfg.aim.steps
             else:  # the measurement missed: predict past the goal by the miss, from where the model is
                 step_goal = lat.predict(layer_widths(model)) - (last["scaled_ms"] - goal)
-            last = _step(ctx, cfg, model, teacher, aim, lat, original, step_goal, k, record)
+            last = _step(ctx, cfg, model, teacher, aim, lat, original, multiple, step_goal, k, record)
         finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.epochs, f"{cfg.name} distill")
         record["widths"] = {r: [original[r], w] for r, w in group_widths(model, groups).items() if w < original[r]}
         final = aim.measure(model)
@@ -85,35 +79,71 @@ def prune_to_target(ctx, target: TargetConfig, cfg, reference) -> dict:
         aim.close()
 
 
-def _latency_model(ctx, cfg, aim: Aim, model, first: dict, record: dict):
-    """The model's latency tables (measured or cached) on a line through two measurements of the
-    whole model: as it is, and uniformly pruned by half."""
+def check_reachable(model, groups, aim: Aim, multiple: int) -> dict:
+    """Measure the narrowest network the search may reach, every group at MIN_FRACTION of its width
+    (rounded up to the channel multiple), and refuse a target it does not meet before any table
+    is timed or any training. Returns its measurement."""
+    least = {g.root: max(1, int(np.ceil(g.width * MIN_FRACTION))) for g in groups}
+    floor = {g.root: min(g.width, -(-least[g.root] // multiple) * multiple) for g in groups}
+    m = aim.measure(at_widths(model, groups, floor))
+    goal, ref, best = aim.goal_ms(), aim.first_reference_ms, m["scaled_ms"]
+    if best > goal:
+        raise EffvisionError(
+            f"prune: target {goal:.3f} ms ({ref / goal:.2f}x the reference's {ref:.3f} ms on {aim.target.backend}) "
+            f"is out of reach: every group at {MIN_FRACTION:.3g} of its width measures {best:.3f} ms "
+            f"({ref / best:.2f}x); earlier stages are kept"
+        )
+    return m
+
+
+def measured_latency_model(model, shape: list[int], aim: Aim, first: dict, cfg, record: dict):
+    """The channel multiple (the recipe's round_to, or measured: align.py), the model's latency
+    tables at it (measured or cached), on a line through three measurements of the whole model:
+    as it is (`first`, its aim.measure), and every group near half and near a quarter of its width
+    at the multiple. cfg:
+    the PruneConfig (importance, ignore, round_to, aim.cache_dir)."""
     tables = LatencyTables(aim.target.backend, aim.target.batch, aim.device, cfg.aim.cache_dir)
     groups = channel_groups(model, cfg.importance, cfg.ignore)
     original = {g.root: g.width for g in groups}
     widths = layer_widths(model)
     fixed_in = {n for n in widths if not any(n in g.ins for g in groups)}
     fixed_out = {n for n in widths if not any(n in g.outs for g in groups)}
-    lat = build_latency_model(model, ctx.input_shape, tables, cfg.round_to or 1, fixed_in, fixed_out)
+    if cfg.round_to:
+        multiple = cfg.round_to
+        half = at_widths(model, groups, aligned_widths(groups, multiple))
+        half_ms = aim.measure(half)["scaled_ms"]
+        record["channel_multiple"] = {"multiple": multiple, "from": "round_to"}
+    else:
+        found = fastest_multiple(model, groups, aim, shape)
+        half, half_ms = found.pop("half")
+        multiple = found["multiple"]
+        record["channel_multiple"] = {**found, "from": "measured"}
+    record["narrowest"] = check_reachable(model, groups, aim, multiple)
+    lat = build_latency_model(model, shape, tables, multiple, fixed_in, fixed_out)
+    # a third point near a quarter width: the fixed costs of a deeply pruned network, where the
+    # line would otherwise only extrapolate (speednet at 2.2x: -18% from two points)
+    quarter = at_widths(model, groups, aligned_widths(groups, multiple, 0.25))
+    quarter_ms = aim.measure(quarter)["scaled_ms"]
     lat.add_measurement(widths, first["scaled_ms"])
-    half = prune(copy.deepcopy(model), 0.5, cfg.importance, ignore=cfg.ignore)
-    lat.add_measurement(layer_widths(half), aim.measure(half)["scaled_ms"])
+    lat.add_measurement(layer_widths(half), half_ms)
+    lat.add_measurement(layer_widths(quarter), quarter_ms)
     a, slope = lat.line()
     record["latency_model"] = {
         "layers": len(lat.layers),
         "points_timed": tables.measured,
         "cache": str(tables.path),
         "line": {"intercept_ms": round(a, 4), "slope": round(slope, 4)},
-        "uniform_half_ms": lat.points[1][1],
+        "half_ms": round(half_ms, 4),
+        "quarter_ms": round(quarter_ms, 4),
     }
-    return lat, groups, original
+    return lat, groups, original, multiple
 
 
-def _step(ctx, cfg, model, teacher, aim: Aim, lat, original, step_goal: float, k: int, record: dict) -> dict:
+def _step(ctx, cfg, model, teacher, aim: Aim, lat, original, multiple: int, step_goal: float, k: int, record: dict):
     """Plan widths for step_goal, prune to them, fine-tune briefly, measure; the measurement
     joins the latency model's line."""
     groups = channel_groups(model, cfg.importance, cfg.ignore)
-    plan = plan_widths(groups, original, layer_widths(model), lat, step_goal, cfg.round_to or 1)
+    plan = plan_widths(groups, original, layer_widths(model), lat, step_goal, multiple)
     if plan.widths:
         prune(model, 0.0, cfg.importance, layer_ratios=ratios_for(plan, groups), ignore=cfg.ignore)
     got = group_widths(model, groups)

@@ -225,13 +225,15 @@ def fit(
     alpha: float = 0.9,
     label: str = "train",
     on_batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
+    after_backward: Callable[[], None] | None = None,
 ) -> FitResult:
     """Train model in place on data (a DatasetBundle); evaluates on val after every epoch.
 
     Samples are weighted by data.train_weights when a weighted coreset was selected. With
     s.hard_fraction, each batch is forwarded without gradients and only its highest-loss fraction
     is trained on (selective backprop, Jiang et al. 2019). on_batch(indices, logits, targets) sees
-    every training batch's logits (forgetting statistics). Under torchrun the model trains as
+    every training batch's logits (forgetting statistics); after_backward() runs on each batch's
+    unscaled gradients before the optimiser steps (a regulariser's). Under torchrun the model trains as
     DistributedDataParallel, each process on its share of every batch.
 
     Training seconds exclude evaluation and compilation (DAWNBench's and airbench's convention);
@@ -314,8 +316,11 @@ def fit(
                     loss = per_sample.mean() if w is None else (per_sample * w).sum() / w.sum()
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
-                if s.grad_clip:
+                if s.grad_clip or after_backward is not None:
                     scaler.unscale_(opt)
+                if after_backward is not None:
+                    after_backward()
+                if s.grad_clip:
                     nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
                 scaler.step(opt)
                 scaler.update()
