@@ -58,13 +58,14 @@ def prune_to_target(ctx, target: TargetConfig, cfg, reference) -> dict:
         lat, groups, original, multiple = measured_latency_model(model, ctx.input_shape, aim, first, cfg, record)
         start, last = first["scaled_ms"], first
         for k in range(1, cfg.aim.steps + EXTRA_STEPS + 1):
-            if k > cfg.aim.steps and last["scaled_ms"] <= goal:
-                break
-            # planned steps: equal slices of the way to the goal
-            if k <= cfg.aim.steps:
+            if k > cfg.aim.steps:
+                ms = _confirmed_ms(aim, model, last, goal, record)
+                if ms <= goal:
+                    break
+                # predict past the goal by the miss, from where the model is
+                step_goal = lat.predict(layer_widths(model)) - (ms - goal)
+            else:  # planned steps: equal slices of the way to the goal
                 step_goal = start - (start - goal) * k / cfg.aim.steps
-            else:  # the measurement missed: predict past the goal by the miss, from where the model is
-                step_goal = lat.predict(layer_widths(model)) - (last["scaled_ms"] - goal)
             last = _step(ctx, cfg, model, teacher, aim, lat, original, multiple, step_goal, k, record)
         finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.epochs, f"{cfg.name} distill")
         record["widths"] = {r: [original[r], w] for r, w in group_widths(model, groups).items() if w < original[r]}
@@ -77,6 +78,17 @@ def prune_to_target(ctx, target: TargetConfig, cfg, reference) -> dict:
         return {**record, "final": final, "met": met}
     finally:
         aim.close()
+
+
+def _confirmed_ms(aim: Aim, model, last: dict, goal: float, record: dict) -> float:
+    """The model's latency on the aim's scale: the last measurement when it meets the goal, else
+    the mean of it and a second one (a single slow sample of a shared machine had an extra step
+    over-prune a met target: 2.17x for 1.5x, 2.5 points lost)."""
+    if last["scaled_ms"] <= goal:
+        return last["scaled_ms"]
+    again = aim.measure(model)
+    record.setdefault("rechecks", []).append(again)
+    return (last["scaled_ms"] + again["scaled_ms"]) / 2
 
 
 def check_reachable(model, groups, aim: Aim, multiple: int) -> dict:
