@@ -246,6 +246,9 @@ def validate_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise RecipeError(f"{source}: stages: names must be unique; repeated: {', '.join(dupes)} (give each a 'name:')")
+    for s in typed:  # a stage that asks for the recipe's target, in a recipe without one
+        if getattr(s, "target", None) is True and recipe.target is None:
+            raise RecipeError(f"{source}: stages.{s.name}.target: true, but the recipe has no target block")
     recipe.stages = typed
     return recipe
 

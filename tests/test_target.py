@@ -152,7 +152,8 @@ def test_latency_aware_prune_meets_a_speedup_target_measured_on_the_shipped_file
     assert aim["channel_multiple"]["from"] == "measured" and aim["channel_multiple"]["probes"][0]["multiple"] == 16
     assert all(new % multiple == 0 for _, new in aim["widths"].values()), (multiple, aim["widths"])
     kept = {root: new / old for root, (old, new) in aim["widths"].items()}
-    assert len(set(kept.values())) > 1, kept  # per-layer widths, not one uniform fraction
+    # per-layer widths, not one uniform fraction: groups cut by different fractions, or some not at all
+    assert len(set(kept.values())) > 1 or len(kept) < aim["groups"], (kept, aim["groups"])
     assert "Target 1.4x on onnxruntime-cpu at batch 1: met" in (run / "report.md").read_text()
 
 
@@ -172,6 +173,7 @@ def _digest(folder) -> str:
         (["target.backend=onnxruntime-cpux"], ["target.backend", "did you mean 'onnxruntime-cpu'"]),
         (["target.backend=onnxruntime-cuda"], ["backend 'onnxruntime-cuda' is not available"]),
         (["target.speedup=60"], ["out of reach", "measures", "earlier stages are kept"]),
+        (["target=null", "stages.prune.target=true"], ["stages.prune.target: true", "has no target block"]),
     ],
 )
 def test_bad_targets_are_one_line_and_lose_nothing(aimed_run, sets, words, capsys, tmp_path):

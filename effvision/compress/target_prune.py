@@ -69,6 +69,7 @@ def prune_to_target(ctx, target: TargetConfig, cfg, reference) -> dict:
             last = _step(ctx, cfg, model, teacher, aim, lat, original, multiple, step_goal, k, record)
         finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.epochs, f"{cfg.name} distill")
         record["widths"] = {r: [original[r], w] for r, w in group_widths(model, groups).items() if w < original[r]}
+        record["groups"] = len(groups)
         final = aim.measure(model)
         met = aim.met(final)
         log(
