@@ -24,7 +24,7 @@ help:
 	@echo "make bench-speed - time to 80% on CIFAR-10: the speed recipe against its plain preset, 2 seeds (BENCHMARKS.md), about 55 min on 2 cores"
 	@echo "make bench-cpu   - the CPU deployment benchmark (BENCHMARKS.md), about 30 min on 2 cores"
 	@echo "make bench-int8  - int8 that pays and keeps its accuracy: the four demo recipes, ResNet-18 at 224 px, two PTQ-lossy zoo nets (BENCHMARKS.md), about 60 min"
-	@echo "make bench-latency - the latency model's prediction against measurement on three architectures (BENCHMARKS.md), about 6 min"
+	@echo "make bench-latency - the latency model's prediction against measurement on three architectures (BENCHMARKS.md), about 5 min"
 	@echo "make bench-qat   - quantization-aware training of the two PTQ-lossy zoo nets on the digits, and the point and video demos, QAT file vs fp32 file in ONNX Runtime (BENCHMARKS.md), about 60 min"
 	@echo "make gpu-bench   - on a GPU machine: the GPU deployment suite, 330 s budget, results in \$$OUT (BENCHMARKS.md, GPU plan)"
 	@echo "make gpu-speedrun - on a GPU machine: the speed recipe's h200 preset to 94%, 3 seeds, 220 s budget"
@@ -135,7 +135,7 @@ bench-int8: $(STAMP)
 	$(BIN)/effvision compress compress/int8-accuracy.yaml --set model.name=repvit_m0_9 --run-dir runs/int8-accuracy-repvit
 
 # The latency model's prediction against measurement (ONNX Runtime CPU, batch 1, 32x32): plans for
-# 80/60/45% of each network's latency and uniform prunes, all timed interleaved (about 6 min).
+# 80/60/45% of each network's latency and uniform prunes, all timed interleaved (about 5 min).
 bench-latency: $(STAMP)
 	HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(BIN)/python -m effvision.compress.latency_bench cifar_resnet20 speednet timm:mobilenetv3_small_050 \
 	  --cache-dir runs/cache/latency-bench --json runs/latency-model.json
