@@ -58,6 +58,10 @@ class StageConfig(Strict):
     type: str
     name: Optional[str] = None
 
+    def recipe_problem(self, recipe: Recipe) -> Optional[str]:
+        """What is wrong with this stage in `recipe` that the stage alone cannot see (None: nothing)."""
+        return None
+
 
 class TargetConfig(Strict):
     """What the compressed artifact must achieve where it ships: a speed-up over the uncompressed
@@ -246,9 +250,10 @@ def validate_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise RecipeError(f"{source}: stages: names must be unique; repeated: {', '.join(dupes)} (give each a 'name:')")
-    for s in typed:  # a stage that asks for the recipe's target, in a recipe without one
-        if getattr(s, "target", None) is True and recipe.target is None:
-            raise RecipeError(f"{source}: stages.{s.name}.target: true, but the recipe has no target block")
+    for s in typed:
+        problem = s.recipe_problem(recipe)
+        if problem:
+            raise RecipeError(f"{source}: stages.{s.name}.{problem}")
     recipe.stages = typed
     return recipe
 

@@ -18,8 +18,7 @@ from ..recipe import TargetConfig
 
 def target_device(backend: str, device: torch.device) -> torch.device:
     """The device a backend runs on: the run's, when the backend runs there, else its own."""
-    from ..deploy import backends  # noqa: F401  (registers the backends)
-    from ..registry import BACKENDS
+    from ..deploy.backends import BACKENDS  # (the backends register on that module's import)
 
     supports = BACKENDS.get(backend).supports
     if device.type in supports:

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..models.profile import count_macs
 from ..progress import log
-from .latency_prune import ChannelGroup, Plan, ratios_for
+from .latency_prune import ChannelGroup, ratios_for
 from .prune import prune
 
 CANDIDATES = (2, 4, 8, 16)
@@ -34,7 +34,7 @@ def aligned_widths(groups: list[ChannelGroup], multiple: int, fraction: float = 
 def at_widths(model: nn.Module, groups: list[ChannelGroup], widths: dict[str, int]) -> nn.Module:
     """A pruned copy of `model` with each group at `widths` (groups of `model` as it is)."""
     narrower = {g.root: widths[g.root] for g in groups if widths[g.root] < g.width}
-    return prune(copy.deepcopy(model), 0.0, layer_ratios=ratios_for(Plan(narrower, 0, 0, 0, True), groups))
+    return prune(copy.deepcopy(model), 0.0, layer_ratios=ratios_for(narrower, groups))
 
 
 def fastest_multiple(model: nn.Module, groups: list[ChannelGroup], aim, shape: list[int]) -> dict:

@@ -1,8 +1,9 @@
 """How far the latency model's prediction is from measurement (`make bench-latency`).
 
 For each architecture (random weights: latency does not depend on them), the latency model is
-built as the target-aware prune stage builds it (channel multiple measured, tables, a line through
-the full network and one near half width), then candidates are measured against the full network
+built as the target-aware prune stage builds it (target_prune.measured_latency_model: channel
+multiple measured, tables, a line through the full network and copies near half and a quarter of
+its widths), then candidates are measured against the full network
 on the target backend, interleaved: the plans for 80%, 60% and 45% of its latency, and uniform
 30% and 50% prunes at the same multiple. Each row gives the prediction, the measurement (on the
 scale of the first reference timing) and the error.
@@ -39,7 +40,7 @@ def candidates(model, lat, original, multiple: int, full_ms: float) -> dict:
         m = copy.deepcopy(model)
         groups = channel_groups(m)
         plan = plan_widths(groups, original, layer_widths(m), lat, share * full_ms, multiple)
-        out[f"plan {share:.0%}"] = prune(m, 0.0, layer_ratios=ratios_for(plan, groups))
+        out[f"plan {share:.0%}"] = prune(m, 0.0, layer_ratios=ratios_for(plan.widths, groups))
     for ratio in UNIFORM:
         out[f"uniform {ratio:.0%}"] = prune(copy.deepcopy(model), ratio, round_to=multiple)
     return out
@@ -73,7 +74,7 @@ def probe(name: str, shape: list[int], target: TargetConfig, cfg: PruneConfig, r
     return {
         "model": name,
         "full_ms": first["scaled_ms"],
-        "channel_multiple": {k: v for k, v in record["channel_multiple"].items() if k != "reference_ms"},
+        "channel_multiple": record["channel_multiple"],
         "latency_model": record["latency_model"],
         "candidates": rows,
         "seconds": round(time.perf_counter() - t0, 1),

@@ -133,11 +133,12 @@ def plan_widths(
     return Plan(changed, predicted, start, lost, predicted <= target_ms)
 
 
-def ratios_for(plan: Plan, groups: list[ChannelGroup]) -> dict[str, float]:
-    """prune(layer_ratios=...) for the plan: torch-pruning keeps int(width * (1 - ratio)) channels,
-    so the ratio aims half a channel above the width wanted (float error cannot cost a channel)."""
+def ratios_for(widths: dict[str, int], groups: list[ChannelGroup]) -> dict[str, float]:
+    """prune(layer_ratios=...) for group widths (root -> channels to keep, e.g. a Plan's): torch-
+    pruning keeps int(width * (1 - ratio)) channels, so the ratio aims half a channel above the
+    width wanted (float error cannot cost a channel)."""
     now = {g.root: g.width for g in groups}
-    return {root: max(0.0, 1 - (w + 0.5) / now[root]) for root, w in plan.widths.items()}
+    return {root: max(0.0, 1 - (w + 0.5) / now[root]) for root, w in widths.items()}
 
 
 def group_widths(model: nn.Module, groups: list[ChannelGroup]) -> dict[str, int]:

@@ -112,12 +112,15 @@ class PruneConfig(StageConfig):
         description="group-norm-regularised distillation before pruning (either mode)",
     )
 
+    def recipe_problem(self, recipe) -> Optional[str]:
+        if self.target is True and recipe.target is None:
+            return "target: true, but the recipe has no target block"
+        return None
+
 
 def prune_target(ctx, cfg: PruneConfig) -> Optional[TargetConfig]:
     if isinstance(cfg.target, TargetConfig):
         return cfg.target
-    if cfg.target is True and ctx.recipe.target is None:
-        raise EffvisionError(f"{cfg.name}: target: true, but the recipe has no target block")
     return ctx.recipe.target if cfg.target in (None, True) else None
 
 
@@ -129,7 +132,7 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
     target = prune_target(ctx, cfg)
     gradual = cfg.iterative_steps > 1 and cfg.finetune.step_epochs > 0  # prune, train, prune, ...
     teacher = None  # the model entering the stage, for the trainings below
-    if gradual or cfg.sparsity.epochs:
+    if gradual or cfg.sparsity.epochs or target is not None:
         teacher = copy.deepcopy(model).to(ctx.device).eval()
     extra = {}
     if cfg.sparsity.epochs:
@@ -138,7 +141,7 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
         from ..deploy.reference import reference_model
         from .target_prune import prune_to_target
 
-        aimed = prune_to_target(ctx, target, cfg, reference_model(ctx) or teacher or model)
+        aimed = prune_to_target(ctx, target, cfg, teacher, reference_model(ctx) or teacher)
         return ctx.torch_result(model, extra={**extra, "target": target.model_dump(), "aim": aimed})
     between = None
     if gradual:

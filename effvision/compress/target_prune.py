@@ -6,8 +6,6 @@ corrects the latency model for the next step, and the stage's answer is the last
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 from pydantic import Field
 
@@ -39,10 +37,10 @@ class TargetPruneSettings(Strict):
 EXTRA_STEPS = 3  # steps after the planned ones while the measured model still misses the target
 
 
-def prune_to_target(ctx, target: TargetConfig, cfg, reference) -> dict:
-    """Prune ctx.model in place toward `target` (cfg: the PruneConfig); returns the stage's record."""
+def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference) -> dict:
+    """Prune ctx.model in place toward `target` (cfg: the PruneConfig; teacher: the model entering
+    the stage, distilled from); returns the stage's record."""
     model = ctx.model
-    teacher = copy.deepcopy(model).to(ctx.device).eval()
     aim = Aim(target, reference, ctx.input_shape, ctx.device, cfg.aim.warmup, cfg.aim.repeats)
     try:
         first = aim.measure(model)
@@ -113,8 +111,7 @@ def measured_latency_model(model, shape: list[int], aim: Aim, first: dict, cfg, 
     """The channel multiple (the recipe's round_to, or measured: align.py), the model's latency
     tables at it (measured or cached), on a line through three measurements of the whole model:
     as it is (`first`, its aim.measure), and every group near half and near a quarter of its width
-    at the multiple. cfg:
-    the PruneConfig (importance, ignore, round_to, aim.cache_dir)."""
+    at the multiple. cfg: the PruneConfig (importance, ignore, round_to, aim.cache_dir)."""
     tables = LatencyTables(aim.target.backend, aim.target.batch, aim.device, cfg.aim.cache_dir)
     groups = channel_groups(model, cfg.importance, cfg.ignore)
     original = {g.root: g.width for g in groups}
@@ -158,7 +155,7 @@ def _step(ctx, cfg, model, teacher, aim: Aim, lat, original, multiple: int, step
     groups = channel_groups(model, cfg.importance, cfg.ignore)
     plan = plan_widths(groups, original, layer_widths(model), lat, step_goal, multiple)
     if plan.widths:
-        prune(model, 0.0, cfg.importance, layer_ratios=ratios_for(plan, groups), ignore=cfg.ignore)
+        prune(model, 0.0, cfg.importance, layer_ratios=ratios_for(plan.widths, groups), ignore=cfg.ignore)
     got = group_widths(model, groups)
     finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.step_epochs, f"{cfg.name} step {k}")
     m = aim.measure(model)
