@@ -172,7 +172,7 @@ def _digest(folder) -> str:
         (["target.latency_ms=0.5"], ["give exactly one of speedup"]),
         (["target.backend=onnxruntime-cpux"], ["target.backend", "did you mean 'onnxruntime-cpu'"]),
         (["target.backend=onnxruntime-cuda"], ["backend 'onnxruntime-cuda' is not available"]),
-        (["target.speedup=60"], ["out of reach", "measures", "earlier stages are kept"]),
+        (["target.speedup=60"], ["out of reach", "measures", "at top-1 0.", "before any training", "stages are kept"]),
         (["target=null", "stages.prune.target=true"], ["stages.prune.target: true", "has no target block"]),
     ],
 )

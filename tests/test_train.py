@@ -5,6 +5,7 @@ from effvision.data import load_dataset
 from effvision.models import create_model
 from effvision.recipe import DataConfig
 from effvision.train import TrainSettings, fit
+from effvision.train.config import LogitDistillSettings
 from effvision.train.loop import distill_loss, make_schedule
 
 
@@ -219,7 +220,8 @@ def test_distillation_moves_student_toward_teacher(small_data):
     plain, distilled = copy.deepcopy(start), copy.deepcopy(start)
     settings = TrainSettings(epochs=3, optimizer="adamw", lr=3e-3)
     fit(plain, small_data, settings, torch.device("cpu"))
-    res = fit(distilled, small_data, settings, torch.device("cpu"), teacher=teacher, temperature=4.0, alpha=0.9)
+    logits = LogitDistillSettings(temperature=4.0, alpha=0.9)
+    res = fit(distilled, small_data, settings, torch.device("cpu"), teacher=teacher, distill=logits)
     assert res.history[-1]["loss"] < res.history[0]["loss"]
     kl_plain, agree_plain = _kl_to_teacher(teacher, plain, small_data.val_loader(), 4.0)
     kl_distilled, agree_distilled = _kl_to_teacher(teacher, distilled, small_data.val_loader(), 4.0)

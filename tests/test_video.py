@@ -407,7 +407,7 @@ def test_video_recipe_runs_every_stage(tmp_path, monkeypatch):
             "stages": [
                 {"name": "baseline", "type": "train", "epochs": 1, "optimizer": "adamw", "lr": 3e-3},
                 {"type": "prune", "ratio": 0.5},
-                {"type": "distill", "epochs": 1},
+                {"type": "distill", "epochs": 1, "features": {"method": "both"}},
                 {"type": "export"},
                 {"type": "quantize", "calibration": {"n": 8}, **INT8_ALWAYS},
                 {"type": "evaluate", "clips": 2, "crops": 3},
@@ -419,6 +419,12 @@ def test_video_recipe_runs_every_stage(tmp_path, monkeypatch):
     stages = {s["name"]: s for s in report["stages"]}
     assert report["dataset"]["modality"] == "video" and report["dataset"]["train_size"] == 18
     assert stages["prune"]["macs"] < stages["baseline"]["macs"]
+    # feature distillation on the frames folded into the batch: the end of every backbone stage
+    assert stages["distill"]["features"] == {
+        "method": "both",
+        "layers": ["backbone.stages.1.conv1.0", "backbone.stages.2.conv1.0", "backbone.stages"],
+        "from": "hooks",
+    }
     # int8 against the fp32 file it was quantized from, both run in ONNX Runtime on the 12 val clips
     fp32, int8 = stages["export"], stages["quantize"]
     assert fp32["evaluated_with"] == int8["evaluated_with"] == "onnxruntime"

@@ -133,3 +133,32 @@ def study_calibration(
     summary = calibration_study(run_dir, csv(selectors), n, seeds, out_dir, resolve_device("auto"), method)
     out.print(to_markdown(summary))
     out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'calibration.md'}")
+
+
+@app.command("pareto")
+def study_pareto(
+    recipe: str = typer.Argument(..., help="A recipe whose prune stage aims at a target (a `target:` block)."),
+    targets: str = typer.Option("1.5,2,3", help="Comma list of speed-ups over the reference, each > 1."),
+    uniform: bool = typer.Option(
+        True, "--uniform/--no-uniform", help="Also run uniform-ratio pruning at each matched measured latency."
+    ),
+    set_: List[str] = set_option(),
+    out_dir: Optional[Path] = typer.Option(
+        None, "--out", help="Results and run folders (default runs/study-pareto-<recipe name>); a rerun resumes."
+    ),
+):
+    """Top-1 against measured latency and size: the recipe at each target, and uniform pruning at
+    the same measured latency; writes results.json, pareto.md, pareto.png and pareto-size.png."""
+    from ..studies.pareto import pareto_study, to_markdown
+
+    out_dir = out_dir or Path("runs") / f"study-pareto-{Path(recipe).stem}"
+    summary = pareto_study(recipe, set_, _speedups(targets), out_dir, uniform)
+    out.print(to_markdown(summary))
+    out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'pareto.md'}, {out_dir / 'pareto.png'}")
+
+
+def _speedups(value: str) -> list[float]:
+    try:
+        return [float(v) for v in csv(value)]
+    except ValueError:
+        raise EffvisionError(f"--targets {value}: give speed-ups over the reference, each > 1 (e.g. 1.5,2,3)") from None

@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..train.config import TrainSettings
+from ..train.config import DistillSettings, TrainSettings
 
 
-class FinetuneSettings(TrainSettings):
+class FinetuneSettings(TrainSettings, DistillSettings):
     """The distillation after each pruning step and, aiming at a target, at the end (teacher: the
     model entering the stage)."""
 
@@ -20,8 +20,6 @@ class FinetuneSettings(TrainSettings):
     warmup_epochs: float = Field(0.0, ge=0)
     step_epochs: int = Field(1, ge=0, description="epochs of distillation after each pruning step")
     lr: float = Field(0.02, gt=0)
-    temperature: float = Field(4.0, gt=0)
-    alpha: float = Field(0.9, ge=0, le=1)
 
 
 def recalibrate_batchnorm(model, data, samples: int = 1024) -> None:
@@ -37,23 +35,25 @@ def recalibrate_batchnorm(model, data, samples: int = 1024) -> None:
     model.eval()
 
 
-def finetune(ctx, model, teacher, s: FinetuneSettings, epochs: int, label: str, after_backward=None) -> None:
+def finetune(ctx, model, teacher, s: FinetuneSettings, epochs: int, label: str, after_backward=None):
     """`epochs` of distillation (none: the statistics alone), then batch-norm recomputed;
-    after_backward: fit's hook on each batch's gradients."""
+    after_backward: fit's hook on each batch's gradients. Returns the feature layers distilled
+    (fit's record), None without features."""
     from ..train.loop import fit
 
+    features = None
     if epochs > 0:
         settings = s.model_copy(update={"epochs": epochs})
-        fit(
+        features = fit(
             model,
             ctx.data,
             settings,
             ctx.device,
             ctx.seed,
             teacher,
-            s.temperature,
-            s.alpha,
+            s,
             label,
             after_backward=after_backward,
-        )
+        ).features
     recalibrate_batchnorm(model, ctx.data)
+    return features

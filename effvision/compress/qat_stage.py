@@ -14,7 +14,7 @@ from ..errors import EffvisionError
 from ..progress import log
 from ..recipe import StageConfig
 from ..stage import StageResult, register_stage
-from ..train.config import TrainSettings
+from ..train.config import LogitDistillSettings, TrainSettings
 from ..train.loop import fit
 from .int8_search import BACKEND, faster_than_fp32
 from .quantize import resolve_reduce_range
@@ -23,7 +23,7 @@ from .stages import SpeedCheckSettings, speed_timing
 UNSUPPORTED = ("compile", "channels_last", "ema", "whiten", "progressive_sizes")
 
 
-class QatConfig(SpeedCheckSettings, TrainSettings, StageConfig):
+class QatConfig(SpeedCheckSettings, TrainSettings, LogitDistillSettings, StageConfig):
     type: Literal["qat"] = "qat"
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="{selector, n}: the samples that initialise every range"
@@ -32,8 +32,6 @@ class QatConfig(SpeedCheckSettings, TrainSettings, StageConfig):
         "input",
         description="input (the float model entering this stage), auto, a stage name, a checkpoint, or null",
     )
-    temperature: float = Field(4.0, gt=0)
-    alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft (teacher) loss")
     epochs: int = Field(3, ge=0)
     lr: float = Field(0.005, gt=0)
     schedule: Literal["onecycle", "cosine", "constant", "step"] = "cosine"
@@ -81,8 +79,7 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
             ctx.device,
             seed=ctx.seed,
             teacher=teacher,
-            temperature=cfg.temperature,
-            alpha=cfg.alpha,
+            distill=cfg,
             label=cfg.name,
         )
     except AssertionError as err:  # an observer fed NaN: the fine-tuning diverged

@@ -15,7 +15,7 @@ from ..data.selectors import Budget, CalibrationConfig, SelectorName
 from ..errors import EffvisionError
 from ..recipe import StageConfig, Strict, TargetConfig
 from ..stage import StageResult, register_stage
-from ..train.config import TrainSettings
+from ..train.config import DistillSettings, TrainSettings
 from ..train.loop import fit
 from .finetune import FinetuneSettings, finetune, recalibrate_batchnorm
 from .prune import prune
@@ -142,12 +142,14 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
         from .target_prune import prune_to_target
 
         aimed = prune_to_target(ctx, target, cfg, teacher, reference_model(ctx) or teacher)
+        extra["finetune_features"] = aimed.pop("finetune_features", None)
         return ctx.torch_result(model, extra={**extra, "target": target.model_dump(), "aim": aimed})
     between = None
     if gradual:
 
         def between(k: int) -> None:
-            finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.step_epochs, f"{cfg.name} step {k}")
+            label = f"{cfg.name} step {k}"
+            extra["finetune_features"] = finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.step_epochs, label)
 
     prune(
         model,
@@ -167,20 +169,19 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
     return ctx.torch_result(model, extra={**extra, "epochs_between_steps": trained})
 
 
-class DistillConfig(TrainSettings, StageConfig):
+class DistillConfig(TrainSettings, DistillSettings, StageConfig):
     type: Literal["distill"] = "distill"
     teacher: Optional[str] = Field(
         "auto", description="auto (the model before the last prune), a stage name, a checkpoint, or null"
     )
-    temperature: float = Field(4.0, gt=0)
-    alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft (teacher) loss")
     epochs: int = Field(8, ge=0)
     lr: float = Field(0.02, gt=0)
 
 
 @register_stage("distill", DistillConfig)
 def run_distill(ctx, cfg: DistillConfig) -> StageResult:
-    """Fine-tune with logit distillation from a teacher; plain fine-tuning without one."""
+    """Fine-tune with distillation from a teacher (logits, and with `features` intermediate
+    features too); plain fine-tuning without one."""
     teacher, teacher_from = ctx.resolve_teacher(cfg.teacher)
     model = ctx.model
     res = fit(
@@ -190,8 +191,7 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
         ctx.device,
         seed=ctx.seed,
         teacher=teacher,
-        temperature=cfg.temperature,
-        alpha=cfg.alpha,
+        distill=cfg,
         label=cfg.name,
     )
     return ctx.torch_result(

@@ -14,7 +14,7 @@ from ..progress import log
 from ..recipe import Strict, TargetConfig
 from .aim import Aim
 from .align import aligned_widths, at_widths, fastest_multiple
-from .finetune import finetune
+from .finetune import finetune, recalibrate_batchnorm
 from .latency import LatencyTables, build_latency_model
 from .latency_prune import MIN_FRACTION, channel_groups, group_widths, layer_widths, plan_widths, ratios_for
 from .prune import prune
@@ -53,7 +53,9 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference) -> dict:
         if aim.met(first):
             log("  the model already meets the target: nothing pruned")
             return {**record, "final": first, "met": True}
-        lat, groups, original, multiple = measured_latency_model(model, ctx.input_shape, aim, first, cfg, record)
+        lat, groups, original, multiple = measured_latency_model(
+            model, ctx.input_shape, aim, first, cfg, record, lambda m: _untrained_accuracy(ctx, m)
+        )
         start, last = first["scaled_ms"], first
         for k in range(1, cfg.aim.steps + EXTRA_STEPS + 1):
             if k > cfg.aim.steps:
@@ -65,7 +67,8 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference) -> dict:
             else:  # planned steps: equal slices of the way to the goal
                 step_goal = start - (start - goal) * k / cfg.aim.steps
             last = _step(ctx, cfg, model, teacher, aim, lat, original, multiple, step_goal, k, record)
-        finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.epochs, f"{cfg.name} distill")
+        label = f"{cfg.name} distill"
+        record["finetune_features"] = finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.epochs, label)
         record["widths"] = {r: [original[r], w] for r, w in group_widths(model, groups).items() if w < original[r]}
         record["groups"] = len(groups)
         final = aim.measure(model)
@@ -79,6 +82,14 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference) -> dict:
         aim.close()
 
 
+def _untrained_accuracy(ctx, model) -> float:
+    """Top-1 of a pruned copy with its batch-norm statistics recomputed and no training."""
+    from ..evaluate import accuracy, torch_predictor
+
+    recalibrate_batchnorm(model, ctx.data)
+    return accuracy(torch_predictor(model, ctx.device), ctx.data.val_loader())
+
+
 def _confirmed_ms(aim: Aim, model, last: dict, goal: float, record: dict) -> float:
     """The model's latency on the aim's scale: the last measurement when it meets the goal, else
     the mean of it and a second one (a single slow sample of a shared machine had an extra step
@@ -90,28 +101,32 @@ def _confirmed_ms(aim: Aim, model, last: dict, goal: float, record: dict) -> flo
     return (last["scaled_ms"] + again["scaled_ms"]) / 2
 
 
-def check_reachable(model, groups, aim: Aim, multiple: int) -> dict:
+def check_reachable(model, groups, aim: Aim, multiple: int, score=None) -> dict:
     """Measure the narrowest network the search may reach, every group at MIN_FRACTION of its width
     (rounded up to the channel multiple), and refuse a target it does not meet before any table
-    is timed or any training. Returns its measurement."""
+    is timed or any training, saying how fast it runs and how accurate it is (score(model): top-1
+    with batch-norm statistics recomputed, untrained). Returns its measurement."""
     least = {g.root: max(1, int(np.ceil(g.width * MIN_FRACTION))) for g in groups}
     floor = {g.root: min(g.width, -(-least[g.root] // multiple) * multiple) for g in groups}
-    m = aim.measure(at_widths(model, groups, floor))
+    narrowest = at_widths(model, groups, floor)
+    m = aim.measure(narrowest)
     goal, ref, best = aim.goal_ms(), aim.first_reference_ms, m["scaled_ms"]
     if best > goal:
+        scored = f" at top-1 {score(narrowest):.4f} before any training" if score else ""
         raise EffvisionError(
             f"prune: target {goal:.3f} ms ({ref / goal:.2f}x the reference's {ref:.3f} ms on {aim.target.backend}) "
             f"is out of reach: every group at {MIN_FRACTION:.3g} of its width measures {best:.3f} ms "
-            f"({ref / best:.2f}x); earlier stages are kept"
+            f"({ref / best:.2f}x){scored}; earlier stages are kept"
         )
     return m
 
 
-def measured_latency_model(model, shape: list[int], aim: Aim, first: dict, cfg, record: dict):
+def measured_latency_model(model, shape: list[int], aim: Aim, first: dict, cfg, record: dict, score=None):
     """The channel multiple (the recipe's round_to, or measured: align.py), the model's latency
     tables at it (measured or cached), on a line through three measurements of the whole model:
     as it is (`first`, its aim.measure), and every group near half and near a quarter of its width
-    at the multiple. cfg: the PruneConfig (importance, ignore, round_to, aim.cache_dir)."""
+    at the multiple. cfg: the PruneConfig (importance, ignore, round_to, aim.cache_dir); score:
+    check_reachable's."""
     tables = LatencyTables(aim.target.backend, aim.target.batch, aim.device, cfg.aim.cache_dir)
     groups = channel_groups(model, cfg.importance, cfg.ignore)
     original = {g.root: g.width for g in groups}
@@ -128,7 +143,7 @@ def measured_latency_model(model, shape: list[int], aim: Aim, first: dict, cfg, 
         half, half_ms = found.pop("half")
         multiple = found["multiple"]
         record["channel_multiple"] = {**found, "from": "measured"}
-    record["narrowest"] = check_reachable(model, groups, aim, multiple)
+    record["narrowest"] = check_reachable(model, groups, aim, multiple, score)
     lat = build_latency_model(model, shape, tables, multiple, fixed_in, fixed_out)
     # a third point near a quarter width: the fixed costs of a deeply pruned network, where the
     # line would otherwise only extrapolate (speednet at 2.2x: -18% from two points)

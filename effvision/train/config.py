@@ -1,4 +1,5 @@
-"""Training settings shared by every stage that trains (train, distill)."""
+"""Training settings shared by every stage that trains (train, distill), and the distillation
+settings of every stage that learns from a teacher (distill, prune's fine-tuning, qat)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,31 @@ class TrainSettings(Strict):
         if v is not None and (not v or min(v) < 8):
             raise ValueError("progressive_sizes must list image sizes of at least 8 px")
         return v
+
+
+class LogitDistillSettings(Strict):
+    """Hinton et al.'s soft-target loss, mixed with the label loss."""
+
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft (teacher) loss")
+
+
+class FeatureDistillSettings(Strict):
+    """Intermediate features matched beside the logits (features.py)."""
+
+    method: Literal["fitnet", "attention", "both"] = Field(
+        "fitnet",
+        description="fitnet: features through learned 1x1 adapters, mean squared error; attention: spatial "
+        "attention maps (attention transfer); both",
+    )
+    layers: Optional[list[str]] = Field(
+        None, description="module names to match (default: timm's feature_info, else the end of every stage)"
+    )
+    weight: float = Field(1.0, gt=0, description="weight of the FitNets loss, per layer")
+    attention_weight: float = Field(1000.0, gt=0, description="attention transfer's beta, per layer (the paper's)")
+
+
+class DistillSettings(LogitDistillSettings):
+    features: Optional[FeatureDistillSettings] = Field(
+        None, description="also match intermediate features: {method: fitnet|attention|both, layers, weight}"
+    )

@@ -20,7 +20,8 @@ from ..errors import EffvisionError
 from ..evaluate import accuracy, torch_predictor
 from ..progress import log, progress_bar
 from . import distributed
-from .config import TrainSettings
+from .config import LogitDistillSettings, TrainSettings
+from .features import FeatureDistiller
 from .whiten import whiten_first_conv
 
 _TIMM_OPT = {
@@ -47,6 +48,7 @@ class FitResult:
     stopped: Optional[str] = None  # "target" or "time limit" when training ended early
     processes: int = 1
     max_param_difference: Optional[float] = None  # across ranks after multi-process training (0 when in sync)
+    features: Optional[dict] = None  # the layers feature distillation matched, and how they were chosen
 
     def metrics(self, s: TrainSettings) -> dict:
         """What a training stage records beside accuracy and time-to-accuracy."""
@@ -62,6 +64,8 @@ class FitResult:
         }
         if self.accuracy_tta is not None:
             out["accuracy_tta"] = self.accuracy_tta
+        if self.features is not None:
+            out["features"] = self.features
         if self.max_param_difference is not None:
             out["max_param_difference_across_ranks"] = self.max_param_difference
         return out
@@ -221,15 +225,16 @@ def fit(
     device: torch.device,
     seed: int = 0,
     teacher: nn.Module | None = None,
-    temperature: float = 4.0,
-    alpha: float = 0.9,
+    distill: LogitDistillSettings | None = None,
     label: str = "train",
     on_batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
     after_backward: Callable[[], None] | None = None,
 ) -> FitResult:
     """Train model in place on data (a DatasetBundle); evaluates on val after every epoch.
 
-    Samples are weighted by data.train_weights when a weighted coreset was selected. With
+    With a teacher, the loss is distillation's (distill: temperature, alpha, and with features
+    also the intermediate features' loss, features.py). Samples are weighted by
+    data.train_weights when a weighted coreset was selected. With
     s.hard_fraction, each batch is forwarded without gradients and only its highest-loss fraction
     is trained on (selective backprop, Jiang et al. 2019). on_batch(indices, logits, targets) sees
     every training batch's logits (forgetting statistics); after_backward() runs on each batch's
@@ -258,6 +263,17 @@ def fit(
             model, device_ids=[device.index or 0] if device.type == "cuda" else None
         )
     opt = make_optimizer(model, s)
+    distill = distill or LogitDistillSettings()
+    features = None
+    if teacher is not None and getattr(distill, "features", None) is not None:
+        # the probe batch comes from the unshuffled split: drawing one from the training loader would
+        # move the random state the training batches are shuffled with
+        sample = next(iter(val_loader if len(data.val) else loader))[0][:2]
+        features = FeatureDistiller(model, teacher, distill.features, to_device(sample, device, memory))
+        adapters = list(features.adapters.parameters())
+        if adapters:  # they learn with the student, at its learning rate; they do not ship
+            opt.add_param_group({"params": adapters, "weight_decay": 0.0})
+        result.features = features.record()
     sched = make_schedule(opt, s, len(loader))
     dtype = autocast_dtype(s, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -284,7 +300,10 @@ def fit(
                 return out, F.cross_entropy(out, targets, label_smoothing=s.label_smoothing, reduction="none")
             with torch.no_grad():
                 t_out = teacher(inputs)
-            return out, distill_loss(out.float(), t_out.float(), targets, temperature, alpha, s.label_smoothing)
+            loss = distill_loss(
+                out.float(), t_out.float(), targets, distill.temperature, distill.alpha, s.label_smoothing
+            )
+            return out, loss if features is None else loss + features.loss(len(inputs))
 
     def evaluate(net_to_eval: nn.Module) -> float:
         predict = torch_predictor(net_to_eval, device, s.channels_last)
@@ -366,6 +385,8 @@ def fit(
                 result.stopped = result.stopped or "time limit"
             if result.stopped:
                 break
+    if features is not None:
+        features.close()
     if ema is not None:
         model.load_state_dict(ema.module.state_dict())
     result.wall_s = time.perf_counter() - start

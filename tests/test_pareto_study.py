@@ -1,0 +1,90 @@
+"""`effvision study pareto`: the recipe at each target against uniform pruning at the same measured
+latency, timed side by side; a rerun resumes; bad targets are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from effvision.cli import main
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The zoo's digits ResNet-8 aimed at 1.3x in one step (and uniform pruning matched to it)."""
+    tmp = tmp_path_factory.mktemp("pareto")
+    raw = {
+        "name": "pareto-digits",
+        "data": {"name": "digits", "max_train_samples": 400},
+        "model": {"name": "cifar_resnet8_100.digits", "pretrained": "zoo"},
+        "target": {"speedup": 2.0, "batch": 1},  # the study replaces the speed-up
+        "stages": [
+            {
+                "type": "prune",
+                "aim": {"steps": 1, "cache_dir": str(tmp / "cache")},
+                "finetune": {"step_epochs": 1, "epochs": 1},
+            },
+            {"type": "export"},
+        ],
+    }
+    recipe = tmp / "pareto.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    out = tmp / "study"
+    code = main(["study", "pareto", str(recipe), "--targets", "1.3", "--out", str(out)])
+    return code, recipe, out
+
+
+def test_pareto_study_compares_with_uniform_pruning_at_matched_latency(study):
+    code, _, out = study
+    assert code == 0
+    saved = json.loads((out / "results.json").read_text())
+    summary = saved["summary"]
+    points = {p["method"]: p for p in summary["points"]}
+    aimed, uniform = points["latency-aware"], points["uniform"]
+    assert aimed["target"] == uniform["target"] == 1.3 and aimed["met"] is True
+    # both shipped files and the reference timed side by side at the end; the uniform ratio was
+    # chosen by measurement to run as fast as the aimed model (within 3% there; 20% here, where a
+    # second timing on a shared 2-core machine moves)
+    assert 0 < uniform["ratio"] < 0.95 and aimed["speedup"] > 1.1 and uniform["speedup"] > 1.1
+    assert abs(uniform["latency_ms"] / aimed["latency_ms"] - 1) < 0.2, (aimed, uniform)
+    (c,) = summary["comparisons"]
+    assert c["accuracy_gain"] == pytest.approx(aimed["accuracy"] - uniform["accuracy"], abs=1e-6)
+    assert summary["reference"]["accuracy"] is None  # the recipe has no bench stage
+    assert all(0 < p["accuracy"] <= 1 for p in summary["points"])
+    # the uniform run pruned one ratio in as many steps and trained as many epochs (1 + 1)
+    uniform_report = json.loads((out / "uniform-1.3x/report.json").read_text())
+    assert [s["type"] for s in uniform_report["stages"]] == ["prune", "distill", "export"]
+    assert uniform_report["stages"][1]["history"][-1]["epoch"] == 2
+    assert (out / "pareto.md").is_file() and (out / "pareto.png").is_file() and (out / "pareto-size.png").is_file()
+
+
+def test_a_rerun_resumes_without_running_a_recipe_again(study, monkeypatch):
+    _, recipe, out = study
+    before = json.loads((out / "results.json").read_text())["rows"]
+
+    def no_run(*a, **k):
+        raise AssertionError("a finished row ran again")
+
+    monkeypatch.setattr("effvision.pipeline.run_pipeline", no_run)
+    assert main(["study", "pareto", str(recipe), "--targets", "1.3", "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["rows"] == before
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--targets", "1,2"], ["--targets 1,2", "each > 1"]),
+        (["--targets", "two"], ["--targets two"]),
+        (["--set", "target=null"], ["needs a prune stage that aims at a target"]),
+    ],
+)
+def test_bad_study_arguments_are_one_line(study, args, words, capsys, tmp_path):
+    _, recipe, _ = study
+    capsys.readouterr()
+    code = main(["study", "pareto", str(recipe), *args, "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, (code, err)
+    assert all(w in err for w in words), err
+    assert not (tmp_path / "s").exists()
