@@ -37,7 +37,7 @@ NETS = {  # name, kwargs, one input, the layers expected and where they come fro
         "tsm",
         {"backbone": "cifar_resnet8", "width": 0.5, "num_classes": 5, "input_size": [3, 4, 16, 16], "frame_size": 16},
         [2, 3, 4, 16, 16],
-        (["backbone.stages.1.conv1.0", "backbone.stages.2.conv1.0", "backbone.stages"], "hooks"),
+        (["backbone.stages.0", "backbone.stages.1", "backbone.stages"], "hooks"),
     ),
     "points": ("pointnet", {"width": 0.25, "input_size": [3, 128]}, [2, 3, 128], (["features"], "hooks")),
 }
@@ -103,8 +103,9 @@ def test_attention_transfer_pulls_a_pruned_students_features_toward_the_teachers
     """The zoo's digits ResNet-8 pruned to half width, then one epoch of distillation from the
     unpruned net twice from the same start and seed: logits only, and logits plus attention
     transfer. Only the second makes the student's attention maps resemble the teacher's
-    (measured: distance 2.01 at the start, 1.77 after logits only, 0.54 with attention transfer;
-    with the feature loss weighted 0 in the loop, 1.72 and this test fails)."""
+    (measured at the default beta, 100: distance 0.201 at the start, 0.177 after logits only,
+    0.090 with attention transfer; with the feature loss weighted 0 in the loop, 0.180, and this
+    test fails)."""
     data = load_dataset(DataConfig(name="digits", max_train_samples=600, batch_size=32))
     teacher = create_model("cifar_resnet8_100.digits", pretrained="zoo").eval()
     start = copy.deepcopy(teacher)
@@ -124,7 +125,7 @@ def test_attention_transfer_pulls_a_pruned_students_features_toward_the_teachers
     )
     assert runs["attention"][2] == {"method": "attention", "layers": layers, "from": "hooks"}
     assert runs["logits"][2] is None
-    assert runs["attention"][0] < 0.5 * runs["logits"][0], figures
+    assert runs["attention"][0] < 0.7 * runs["logits"][0], figures
 
 
 def test_the_prune_stage_distils_features_between_its_steps(tmp_path):

@@ -27,9 +27,13 @@ def recalibrate_batchnorm(model, data, samples: int = 1024) -> None:
     upstream sees other inputs, and a short fine-tune moves the running averages only part of the
     way. Digits ResNet-8 with its stem cut from 32 to 8 channels: top-1 0.20 -> 0.75 by this alone;
     after one epoch of distillation 0.31 without it, 0.98 with it."""
+    import numpy as np
     from torch.optim.swa_utils import update_bn
 
-    loader = data.train_eval_loader(range(min(samples, len(data.train))), batch_size=128)
+    # a random subset: the split's first samples can all be one class (CIFAR-10's folders, in order:
+    # the first 1024 airplanes took a pruned speednet from 0.776 to 0.652)
+    picked = np.random.default_rng(0).permutation(len(data.train))[:samples]
+    loader = data.train_eval_loader(sorted(picked.tolist()), batch_size=128)
     device = next(model.parameters()).device
     update_bn(loader, model, device)
     model.eval()

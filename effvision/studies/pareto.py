@@ -5,8 +5,9 @@ the uncompressed reference timed side by side, interleaved, in one process at th
 
 The uniform runs are the same recipe with the aimed prune stage replaced by one uniform ratio
 (chosen by measuring uniformly pruned copies until one runs as fast as the aimed model did), at
-the channel multiple the aimed run measured, pruned in as many steps and trained for as many
-epochs: the step fine-tunes between steps, then one distillation of the remaining epochs."""
+the channel multiple the aimed run measured, pruned in as many steps as the aimed run took and
+trained for as many epochs: the step fine-tunes between steps, then one distillation of the
+remaining epochs."""
 
 from __future__ import annotations
 
@@ -62,17 +63,16 @@ def at_speedup(recipe: Recipe, index: int, speedup: float) -> Recipe:
     return out
 
 
-def uniform_recipe(recipe: Recipe, index: int, ratio: float, multiple: int) -> Recipe:
-    """The recipe with its aimed prune stage replaced by a uniform ratio at the same training."""
+def uniform_recipe(recipe: Recipe, index: int, ratio: float, multiple: int, steps: int) -> Recipe:
+    """The recipe with its aimed prune stage replaced by a uniform ratio pruned in `steps` steps
+    (as many as the aimed run took, extra steps included) at the same training."""
     from ..compress.stages import DistillConfig
 
     out = recipe.model_copy(deep=True)
     out._source = recipe._source
     aimed = out.stages[index]
     ft = aimed.finetune
-    prune = aimed.model_copy(
-        update={"target": False, "ratio": ratio, "round_to": multiple, "iterative_steps": aimed.aim.steps}
-    )
+    prune = aimed.model_copy(update={"target": False, "ratio": ratio, "round_to": multiple, "iterative_steps": steps})
     # the aimed stage trains step_epochs after each of its steps and `epochs` at the end; the uniform
     # stage trains between its steps, so the last step's epochs join the final distillation
     distill = DistillConfig(
@@ -154,6 +154,8 @@ def pareto_study(recipe_path: str, sets: list[str], targets: list[float], out_di
             )
     timing = time_side_by_side(rows.rows, target, out_dir)
     summary = summarise(rows.rows, timing, target)
+    for row, point in zip(rows.rows, summary["points"], strict=True):  # each row's side-by-side figures
+        row.update(speedup=point["speedup"], latency_ms=point["latency_ms"])
     rows.save(summary=summary)
     write_text(out_dir / "pareto.md", to_markdown(summary) + "\n")
     plot(summary, out_dir)
@@ -176,7 +178,8 @@ def _uniform_row(base: Recipe, index: int, target: TargetConfig, t: float, aimed
     finally:
         aim.close()
     run_dir = out_dir / f"{UNIFORM}-{t:g}x"
-    run_pipeline(uniform_recipe(base, index, match["ratio"], multiple), run_dir)
+    steps = len(aimed["prune"]["aim"].get("steps", [])) or stage.aim.steps
+    run_pipeline(uniform_recipe(base, index, match["ratio"], multiple, steps), run_dir)
     return {**shipped(run_dir), "ratio": match["ratio"], "channel_multiple": multiple, "ratio_search": match}
 
 

@@ -74,19 +74,33 @@ def choose_layers(student: nn.Module, teacher: nn.Module, names, sample: torch.T
         source = "feature_info"
         if not names:
             source = "hooks"
-            last_at_size: dict[tuple, str] = {}
-            for n, shape in t_shapes.items():  # finishing order: a stage's block ends after its layers
-                spatial = shape[2:]
-                if len(shape) >= 3 and math.prod(spatial) > 1:
-                    last_at_size.pop(spatial, None)
-                    last_at_size[spatial] = n
-            names = [n for n in last_at_size.values() if n in s_shapes and _matches(s_shapes[n], t_shapes[n])]
+            names = _stage_ends(teacher, t_shapes, s_shapes)
         if not names:
             raise EffvisionError(
                 "feature distillation: no layer of the teacher has a feature map the student matches; "
                 "name them with features.layers"
             )
     return list(names), {n: s_shapes[n] for n in names}, {n: t_shapes[n] for n in names}, source
+
+
+def _stage_ends(teacher: nn.Module, t_shapes: dict, s_shapes: dict) -> list[str]:
+    """The last block (a module holding layers) to output each feature-map size, in finishing
+    order, where the student's differs only in channels. Blocks, not layers: a layer inside a
+    block can be a convolution before its normalisation, whose raw maps a pruned student matched
+    badly (speednet: attention loss 6.1 against about 0.1 at the blocks' outputs); a network of
+    bare layers falls back to them."""
+    blocks = {n for n, m in teacher.named_modules() if n and next(m.children(), None) is not None}
+    for pool in (blocks, set(t_shapes)):
+        last_at_size: dict[tuple, str] = {}
+        for n, shape in t_shapes.items():  # finishing order: a stage's block ends after its layers
+            spatial = shape[2:]
+            if n in pool and len(shape) >= 3 and math.prod(spatial) > 1:
+                last_at_size.pop(spatial, None)
+                last_at_size[spatial] = n
+        names = [n for n in last_at_size.values() if n in s_shapes and _matches(s_shapes[n], t_shapes[n])]
+        if names:
+            return names
+    return []
 
 
 def _adapter(dims: int, c_in: int, c_out: int) -> nn.Module:
