@@ -25,7 +25,7 @@ help:
 	@echo "make bench-cpu   - the CPU deployment benchmark (BENCHMARKS.md), about 30 min on 2 cores"
 	@echo "make bench-int8  - int8 that pays and keeps its accuracy: the four demo recipes, ResNet-18 at 224 px, two PTQ-lossy zoo nets (BENCHMARKS.md), about 60 min"
 	@echo "make bench-latency - the latency model's prediction against measurement on three architectures (BENCHMARKS.md), about 5 min"
-	@echo "make bench-pareto  - compress to 1.5x and 2x on CIFAR-10, latency-aware against uniform pruning (BENCHMARKS.md), about 50 min"
+	@echo "make bench-pareto  - compress to 1.5x and 2x on CIFAR-10, latency-aware against uniform pruning (BENCHMARKS.md), about 30 min"
 	@echo "make bench-qat   - quantization-aware training of the two PTQ-lossy zoo nets on the digits, and the point and video demos, QAT file vs fp32 file in ONNX Runtime (BENCHMARKS.md), about 60 min"
 	@echo "make gpu-bench   - on a GPU machine: the GPU deployment suite, 330 s budget, results in \$$OUT (BENCHMARKS.md, GPU plan)"
 	@echo "make gpu-speedrun - on a GPU machine: the speed recipe's h200 preset to 94%, 3 seeds, 220 s budget"
@@ -142,7 +142,7 @@ bench-latency: $(STAMP)
 	  --cache-dir runs/cache/latency-bench --json runs/latency-model.json
 
 # Compress to a target on CIFAR-10 (BENCHMARKS.md): the zoo's speednet at 1.5x and 2x, latency-aware
-# against uniform pruning at matched measured latency, timed side by side (about 50 min).
+# against uniform pruning at matched measured latency, timed side by side (about 30 min).
 bench-pareto: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/effvision study pareto compress/target-cifar10.yaml --targets 1.5,2 \
 	  --set data.root=../shared/datasets --out runs/study-pareto-cifar10
