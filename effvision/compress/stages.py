@@ -117,11 +117,12 @@ class PruneConfig(StageConfig):
             return "target: true, but the recipe has no target block"
         return None
 
-
-def prune_target(ctx, cfg: PruneConfig) -> Optional[TargetConfig]:
-    if isinstance(cfg.target, TargetConfig):
-        return cfg.target
-    return ctx.recipe.target if cfg.target in (None, True) else None
+    def aimed_target(self, recipe) -> Optional[TargetConfig]:
+        """The target this stage aims at in `recipe`: its own block, else the recipe's (unless
+        `target: false`); None: the uniform ratio."""
+        if isinstance(self.target, TargetConfig):
+            return self.target
+        return recipe.target if self.target in (None, True) else None
 
 
 @register_stage("prune", PruneConfig)
@@ -129,7 +130,7 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
     """Structured channel pruning (torch-pruning dependency graph): a uniform ratio, or per-layer
     widths chosen for a latency target measured on its backend."""
     model = ctx.model
-    target = prune_target(ctx, cfg)
+    target = cfg.aimed_target(ctx.recipe)
     gradual = cfg.iterative_steps > 1 and cfg.finetune.step_epochs > 0  # prune, train, prune, ...
     teacher = None  # the model entering the stage, for the trainings below
     if gradual or cfg.sparsity.epochs or target is not None:

@@ -29,11 +29,7 @@ SEARCH_STEPS = 7  # bisection steps over the uniform ratio
 def aimed_prune(recipe: Recipe) -> tuple[int, TargetConfig]:
     """The index of the prune stage that aims at a target, and its target."""
     for i, s in enumerate(recipe.stages):
-        if s.type != "prune":
-            continue
-        target = s.target if isinstance(s.target, TargetConfig) else None
-        if target is None and s.target in (None, True):
-            target = recipe.target
+        target = s.aimed_target(recipe) if s.type == "prune" else None
         if target is not None:
             return i, target
     raise EffvisionError(
@@ -87,18 +83,15 @@ def uniform_recipe(recipe: Recipe, index: int, ratio: float, multiple: int, step
 
 def shipped(run_dir: Path) -> dict:
     """The shipped file of a finished run (report.json's ONNX artifact): its path, accuracy and
-    size, with the prune stage's input model and record (from the stages' metrics.json)."""
+    size, with the prune stage's input model and record (from its metrics.json)."""
     report = read_json(run_dir / "report.json")
     onnx = report.get("artifacts", {}).get("onnx")
     if onnx is None:
         raise EffvisionError(f"{run_dir}: the recipe shipped no ONNX file; add an export stage")
     stages = {s["stage_dir"]: s for s in report["stages"]}
     final = stages[Path(onnx).parent.name]
-    prune = next(
-        read_json(d / "metrics.json")
-        for d in sorted((run_dir / "stages").iterdir(), key=lambda d: int(d.name.split("-", 1)[0]))
-        if (d / "metrics.json").is_file() and read_json(d / "metrics.json").get("type") == "prune"
-    )
+    prune_dir = next(d for d, s in stages.items() if s["type"] == "prune")  # its metrics.json has input_model
+    prune = read_json(run_dir / "stages" / prune_dir / "metrics.json")
     return {
         "run_dir": str(run_dir),
         "onnx": str(run_dir / onnx),
