@@ -44,8 +44,11 @@ def test_latency_tables_are_measured_once_and_cached(cache):
     assert tables.measured > 50 and tables.path.is_file()
     half = prune(create_model("cifar_resnet8", num_classes=10).eval(), 0.5)
     assert lat.table_sum(layer_widths(half)) < 0.6 * lat.table_sum({})  # half the channels: a quarter the MACs
-    lat.add_measurement({}, 1.0)
-    assert lat.predict({}) == pytest.approx(1.0) and lat.predict(layer_widths(half)) < 0.6
+    # the whole net measured as its tables sum (ms on this machine: an AVX-512 CPU's are a third of
+    # an AVX2 one's), so half the channels predict under 0.6 of it
+    full = lat.table_sum({})
+    lat.add_measurement({}, full)
+    assert lat.predict({}) == pytest.approx(full) and lat.predict(layer_widths(half)) < 0.6 * full
     again = LatencyTables("onnxruntime-cpu", 1, CPU, cache)
     build_latency_model(model, SHAPE, again, fixed_in={"stem.0"}, fixed_out={"fc"})
     assert again.measured == 0  # every grid point came from the cache
@@ -151,9 +154,13 @@ def test_latency_aware_prune_meets_a_speedup_target_measured_on_the_shipped_file
     multiple = aim["channel_multiple"]["multiple"]  # measured on this machine, candidates recorded
     assert aim["channel_multiple"]["from"] == "measured" and aim["channel_multiple"]["probes"][0]["multiple"] == 16
     assert all(new % multiple == 0 for _, new in aim["widths"].values()), (multiple, aim["widths"])
-    kept = {root: new / old for root, (old, new) in aim["widths"].items()}
-    # per-layer widths, not one uniform fraction: groups cut by different fractions, or some not at all
-    assert len(set(kept.values())) > 1 or len(kept) < aim["groups"], (kept, aim["groups"])
+    # the first step pruned to the most accurate of its candidates (the planner's first, then
+    # uniform and the grid's), scored after batch-norm recalibration
+    step = aim["steps"][0]
+    kinds = [c["kind"] for c in step["candidates"]]
+    assert kinds[0] == "planned" and len(kinds) >= 2, kinds
+    best = max(step["candidates"], key=lambda c: c["top1"])
+    assert step["widths"] and step["widths"] == {r: best["widths"][r] for r in step["widths"]}, (best, step)
     assert "Target 1.4x on onnxruntime-cpu at batch 1: met" in (run / "report.md").read_text()
 
 

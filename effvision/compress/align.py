@@ -31,10 +31,13 @@ def aligned_widths(groups: list[ChannelGroup], multiple: int, fraction: float = 
     return {g.root: min(g.width, max(multiple, int(g.width * fraction) // multiple * multiple)) for g in groups}
 
 
-def at_widths(model: nn.Module, groups: list[ChannelGroup], widths: dict[str, int]) -> nn.Module:
-    """A pruned copy of `model` with each group at `widths` (groups of `model` as it is)."""
+def at_widths(
+    model: nn.Module, groups: list[ChannelGroup], widths: dict[str, int], importance: str = "l2"
+) -> nn.Module:
+    """A pruned copy of `model` with each group at `widths` (groups of `model` as it is), the
+    channels kept chosen by `importance` as prune() chooses them."""
     narrower = {g.root: widths[g.root] for g in groups if widths[g.root] < g.width}
-    return prune(copy.deepcopy(model), 0.0, layer_ratios=ratios_for(narrower, groups))
+    return prune(copy.deepcopy(model), 0.0, importance, layer_ratios=ratios_for(narrower, groups))
 
 
 def fastest_multiple(model: nn.Module, groups: list[ChannelGroup], aim, shape: list[int]) -> dict:

@@ -18,6 +18,7 @@ from .finetune import finetune, recalibrate_batchnorm
 from .latency import LatencyTables, build_latency_model
 from .latency_prune import MIN_FRACTION, channel_groups, group_widths, layer_widths, plan_widths, ratios_for
 from .prune import prune
+from .width_search import candidate_widths, choose_widths
 
 
 class TargetPruneSettings(Strict):
@@ -32,6 +33,13 @@ class TargetPruneSettings(Strict):
     warmup: int = Field(5, ge=0)
     repeats: int = Field(40, ge=4, description="timed calls per model at each measurement, interleaved")
     cache_dir: str = Field("runs/cache/latency", description="where measured latency tables are kept")
+    candidates: int = Field(
+        24,
+        ge=0,
+        description="width vectors meeting each step's goal scored by top-1 after batch-norm recalibration "
+        "(the planner's, uniform, random mixes); the best is pruned to. 0: the importance planner alone",
+    )
+    score_samples: int = Field(2048, ge=64, description="training images each candidate is scored on")
 
 
 EXTRA_STEPS = 3  # steps after the planned ones while the measured model still misses the target
@@ -169,8 +177,26 @@ def _step(ctx, cfg, model, teacher, aim: Aim, lat, original, multiple: int, step
     joins the latency model's line."""
     groups = channel_groups(model, cfg.importance, cfg.ignore)
     plan = plan_widths(groups, original, layer_widths(model), lat, step_goal, multiple)
-    if plan.widths:
-        prune(model, 0.0, cfg.importance, layer_ratios=ratios_for(plan.widths, groups), ignore=cfg.ignore)
+    widths, scored = plan.widths, None
+    if cfg.aim.candidates and plan.reached:
+        found = candidate_widths(
+            groups,
+            original,
+            layer_widths(model),
+            lat,
+            step_goal,
+            multiple,
+            cfg.aim.candidates,
+            plan.widths,
+            ctx.seed + k,
+        )
+        chosen, scored = choose_widths(
+            model, groups, found, ctx.data, ctx.device, cfg.aim.score_samples, cfg.importance
+        )
+        now = {g.root: g.width for g in groups}
+        widths = {root: w for root, w in chosen.items() if w < now[root]}
+    if widths:
+        prune(model, 0.0, cfg.importance, layer_ratios=ratios_for(widths, groups), ignore=cfg.ignore)
     got = group_widths(model, groups)
     finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.step_epochs, f"{cfg.name} step {k}")
     m = aim.measure(model)
@@ -183,8 +209,9 @@ def _step(ctx, cfg, model, teacher, aim: Aim, lat, original, multiple: int, step
             "predicted_ms": round(predicted, 4),
             **m,
             "prediction_error": round((predicted - m["scaled_ms"]) / m["scaled_ms"], 4),
-            "widths": {r: got.get(r) for r in plan.widths},
+            "widths": {r: got.get(r) for r in widths},
             "importance_lost": round(plan.importance_lost, 4),
+            **({"candidates": scored} if scored else {}),
         }
     )
     log(f"  step {k}: predicted {predicted:.3f} ms, measured {m['scaled_ms']:.3f} ms ({m['speedup']}x)")

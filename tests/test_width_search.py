@@ -1,0 +1,96 @@
+"""Widths chosen by measured accuracy (width_search.py): the candidates meet the latency goal and
+are pruned no further than it needs, and the one taken is the most accurate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from effvision.compress.align import at_widths
+from effvision.compress.finetune import recalibrate_batchnorm
+from effvision.compress.latency import grid
+from effvision.compress.latency_prune import channel_groups, layer_widths
+from effvision.compress.width_search import candidate_widths, choose_widths, layers_at, scoring_indices
+from effvision.data import DataConfig, load_dataset
+from effvision.evaluate import accuracy, torch_predictor
+from effvision.models import create_model
+
+CPU = torch.device("cpu")
+
+
+class MacLatency:
+    """A latency model's stand-in: a network takes the sum of its layers' cin * cout."""
+
+    def line(self):
+        return 0.0, 1.0
+
+    def table_sum(self, widths):
+        return sum(cin * cout for cin, cout in widths.values())
+
+    def predict(self, widths):
+        return self.table_sum(widths)
+
+
+@pytest.mark.parametrize("multiple, rest", [(16, "grid"), (8, "random")])  # 4,096 vectors; 65,536
+def test_candidates_meet_the_goal_and_are_no_narrower_than_it_needs(multiple, rest):
+    model = create_model("cifar_resnet8", num_classes=10).eval()
+    groups = channel_groups(model)
+    original = {g.root: g.width for g in groups}
+    current = layer_widths(model)
+    lat = MacLatency()
+    goal = 0.6 * lat.table_sum(current)
+    planned = {g.root: g.width // 2 for g in groups}  # a planner's answer, well past the goal
+    found = candidate_widths(groups, original, current, lat, goal, multiple, 12, planned)
+    kinds = [k for k, _ in found]
+    assert kinds[:2] == ["planned", "uniform"] and len(found) == 12 and set(kinds[2:]) == {rest}, kinds
+    vectors = [tuple(w[g.root] for g in groups) for _, w in found]
+    assert len(set(vectors)) == len(vectors)
+    for kind, widths in found:
+        assert lat.predict(layers_at(groups, current, widths)) <= goal, (kind, widths)
+        assert all(w % multiple == 0 and w >= original[r] / 8 for r, w in widths.items()), widths
+        if kind != "grid":
+            continue
+        for g in groups:  # one level wider in any group misses the goal
+            wider = [w for w in grid(g.width, multiple) if w > widths[g.root]]
+            if wider:
+                assert lat.predict(layers_at(groups, current, {**widths, g.root: wider[0]})) > goal, (kind, g.root)
+    # the uniform cut: one fraction f of every group, each rounded up to its next level (the level
+    # below is under f of the width, the one taken is not)
+    uniform = found[1][1]
+    below = [max([w for w in grid(g.width, multiple) if w < uniform[g.root]], default=0) / g.width for g in groups]
+    assert max(below) < min(uniform[g.root] / g.width for g in groups), (uniform, below)
+    # layers_at scales each layer's widths by its groups' fractions
+    half = at_widths(model, groups, planned)
+    assert layers_at(groups, current, planned) == {n: (float(a), float(b)) for n, (a, b) in layer_widths(half).items()}
+
+
+def test_scoring_images_are_not_the_batchnorm_images_on_a_large_split():
+    picked = scoring_indices(5000, 2048)
+    first = set(np.random.default_rng(0).permutation(5000)[:1024].tolist())  # recalibrate_batchnorm's
+    assert len(picked) == 2048 and not first & set(picked)
+    assert len(scoring_indices(400, 2048)) == 400  # a small split: all of it
+
+
+def test_the_most_accurate_candidate_is_taken():
+    """The zoo's digits ResNet-8: every group at its floor against one group a quarter thinner;
+    the choice is the second, and it is the more accurate on the validation split too (the
+    scores are taken on training images)."""
+    torch.manual_seed(0)
+    data = load_dataset(DataConfig(name="digits", max_train_samples=600, max_val_samples=300))
+    model = create_model("cifar_resnet8_100.digits", pretrained="zoo").eval()
+    groups = channel_groups(model)
+    floor = {g.root: max(1, g.width // 8) for g in groups}
+    mild = {g.root: g.width for g in groups}
+    mild[groups[-1].root] = groups[-1].width * 3 // 4
+    candidates = [("grid", floor), ("grid", mild)]
+    chosen, scored = choose_widths(model, groups, candidates, data, CPU, 600)
+    assert chosen == mild and [s["widths"] for s in scored] == [floor, mild]
+    assert scored[1]["top1"] > scored[0]["top1"] + 0.2, scored
+
+    def val_top1(widths):
+        copy = at_widths(model, groups, widths)
+        recalibrate_batchnorm(copy, data)
+        return accuracy(torch_predictor(copy, CPU), data.val_loader())
+
+    assert val_top1(chosen) > val_top1(floor) + 0.2
