@@ -143,3 +143,29 @@ def test_the_prune_stage_distils_features_between_its_steps(tmp_path):
     raw["stages"][0]["finetune"]["features"] = {"method": "fitnets"}
     with pytest.raises(EffvisionError, match="fitnets"):
         validate_recipe(raw)
+
+
+def test_feature_hooks_come_off_when_training_fails():
+    """An error inside the loop (here from the per-batch callback) leaves no forward hook on the
+    student or the teacher: a later forward pass would otherwise keep collecting features."""
+    data = load_dataset(DataConfig(name="digits", max_train_samples=64, batch_size=32))
+    teacher = create_model("cifar_resnet8", num_classes=10).eval()
+    student = copy.deepcopy(teacher)
+
+    def fail(*_):
+        raise RuntimeError("planted")
+
+    settings = TrainSettings(epochs=1, lr=0.01)
+    with pytest.raises(RuntimeError, match="planted"):
+        fit(
+            student,
+            data,
+            settings,
+            torch.device("cpu"),
+            0,
+            teacher,
+            DistillSettings(features=FeatureDistillSettings()),
+            on_batch=fail,
+        )
+    for net in (student, teacher):
+        assert not any(m._forward_hooks for m in net.modules())

@@ -6,6 +6,7 @@ Time-to-accuracy (DAWNBench's metric) is the training wall-clock, evaluation pas
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -313,7 +314,9 @@ def fit(
         return time.perf_counter() - start - result.eval_s - result.compile_s
 
     acc = 0.0
-    with progress_bar() as bar:
+    # the feature hooks come off the student and teacher however the loop ends (an interrupt, an error)
+    hooks = contextlib.closing(features) if features is not None else contextlib.nullcontext()
+    with progress_bar() as bar, hooks:
         task = bar.add_task(label, total=s.epochs * len(loader), info="") if bar else None
         for epoch in range(s.epochs):
             model.train()
@@ -385,8 +388,6 @@ def fit(
                 result.stopped = result.stopped or "time limit"
             if result.stopped:
                 break
-    if features is not None:
-        features.close()
     if ema is not None:
         model.load_state_dict(ema.module.state_dict())
     result.wall_s = time.perf_counter() - start
