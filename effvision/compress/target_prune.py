@@ -18,7 +18,7 @@ from .finetune import finetune, recalibrate_batchnorm
 from .latency import LatencyTables, build_latency_model
 from .latency_prune import MIN_FRACTION, channel_groups, group_widths, layer_widths, plan_widths, ratios_for
 from .prune import prune
-from .width_search import candidate_widths, choose_widths
+from .width_search import candidates_around, choose_widths, score_candidates
 
 
 class TargetPruneSettings(Strict):
@@ -178,23 +178,23 @@ def _step(ctx, cfg, model, teacher, aim: Aim, lat, original, multiple: int, step
     groups = channel_groups(model, cfg.importance, cfg.ignore)
     plan = plan_widths(groups, original, layer_widths(model), lat, step_goal, multiple)
     widths, scored = plan.widths, None
-    if cfg.aim.candidates and plan.reached:
-        found = candidate_widths(
-            groups,
-            original,
-            layer_widths(model),
-            lat,
-            step_goal,
-            multiple,
-            cfg.aim.candidates,
-            plan.widths,
-            ctx.seed + k,
+    if cfg.aim.candidates:
+        # a goal the planner's narrowest widths do not reach by the model's prediction (which can
+        # be pessimistic) is taken at their predicted speed
+        goal = max(step_goal, plan.predicted_ms * (1 + 1e-6))  # (the planner's sum, added up step by step)
+        current = layer_widths(model)
+        scored = candidates_around(
+            groups, original, current, lat, goal, multiple, cfg.aim.candidates, plan.widths, ctx.seed + k
         )
-        chosen, scored = choose_widths(
-            model, groups, found, ctx.data, ctx.device, cfg.aim.score_samples, cfg.importance
-        )
-        now = {g.root: g.width for g in groups}
-        widths = {root: w for root, w in chosen.items() if w < now[root]}
+        if scored:
+            score_candidates(model, groups, scored, ctx.data, ctx.device, cfg.aim.score_samples, cfg.importance)
+
+            def measure(w: dict[str, int]) -> float:
+                return aim.measure(at_widths(model, groups, w, cfg.importance))["scaled_ms"]
+
+            chosen = choose_widths(scored, goal, measure)["widths"]
+            now = {g.root: g.width for g in groups}
+            widths = {root: w for root, w in chosen.items() if w < now[root]}
     if widths:
         prune(model, 0.0, cfg.importance, layer_ratios=ratios_for(widths, groups), ignore=cfg.ignore)
     got = group_widths(model, groups)
