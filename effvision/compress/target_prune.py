@@ -36,8 +36,9 @@ class TargetPruneSettings(Strict):
     candidates: int = Field(
         24,
         ge=0,
-        description="width vectors meeting each step's goal scored by top-1 after batch-norm recalibration "
-        "(the planner's, uniform, random mixes); the best is pruned to. 0: the importance planner alone",
+        description="width vectors near each step's goal (the planner's, uniform, the grid's) scored by top-1 "
+        "after batch-norm recalibration, then timed, the most accurate first; the first within the goal is "
+        "pruned to. 0: the importance planner alone",
     )
     score_samples: int = Field(2048, ge=64, description="training images each candidate is scored on")
 
