@@ -86,3 +86,16 @@ def test_batchnorm_statistics_come_from_every_class_of_a_class_ordered_split():
     recalibrate_batchnorm(bn, ClassOrdered())
     # every class: about (0 + 1 + 2 + 3) / 4 = 1.5; the first 1024 samples alone: 0.02
     assert 1.3 < float(bn[0].running_mean.mean()) < 1.7, bn[0].running_mean
+
+
+def test_a_high_ratio_with_round_to_keeps_one_multiple_not_the_whole_group():
+    """torch-pruning rounds the channels kept down to round_to and skips a group rounded to none:
+    at ratio 0.9 and round_to 16 the ResNet-8 (widths 32/64/128) came out whole. Each group keeps
+    16 channels instead, and a higher ratio never leaves a group wider than a lower one."""
+    widths = {}
+    for ratio in (0.5, 0.9):
+        model = create_model("cifar_resnet8", num_classes=10).eval()
+        prune(model, ratio, round_to=16)
+        widths[ratio] = {n: c for n, (_, c) in layer_widths(model).items() if n != "fc"}
+    assert set(widths[0.9].values()) == {16}, widths[0.9]
+    assert all(widths[0.9][n] <= widths[0.5][n] for n in widths[0.5]), widths
