@@ -40,14 +40,18 @@ class MacLatency:
         return self.table_sum(widths)
 
 
-@pytest.mark.parametrize("multiple, rest", [(16, "grid"), (8, "random")])  # 4,096 vectors; 65,536
-def test_candidates_meet_the_goal_and_are_no_narrower_than_it_needs(multiple, rest):
+def _resnet8_at_60_percent():
+    """An untrained ResNet-8, its groups and widths, the MAC stand-in and a goal of 60% of it."""
     model = create_model("cifar_resnet8", num_classes=10).eval()
     groups = channel_groups(model)
-    original = {g.root: g.width for g in groups}
     current = layer_widths(model)
     lat = MacLatency()
-    goal = 0.6 * lat.table_sum(current)
+    return model, groups, {g.root: g.width for g in groups}, current, lat, 0.6 * lat.table_sum(current)
+
+
+@pytest.mark.parametrize("multiple, rest", [(16, "grid"), (8, "random")])  # 4,096 vectors; 65,536
+def test_candidates_meet_the_goal_and_are_no_narrower_than_it_needs(multiple, rest):
+    model, groups, original, current, lat, goal = _resnet8_at_60_percent()
     planned = {g.root: g.width // 2 for g in groups}  # a planner's answer, well past the goal
     found = candidate_widths(groups, original, current, lat, goal, multiple, 12, planned)
     kinds = [k for k, _ in found]
@@ -81,12 +85,7 @@ def test_scoring_images_are_not_the_batchnorm_images_on_a_large_split():
 
 
 def test_relaxed_candidates_are_flagged_by_their_prediction():
-    model = create_model("cifar_resnet8", num_classes=10).eval()
-    groups = channel_groups(model)
-    original = {g.root: g.width for g in groups}
-    current = layer_widths(model)
-    lat = MacLatency()
-    goal = 0.6 * lat.table_sum(current)
+    model, groups, original, current, lat, goal = _resnet8_at_60_percent()
     found = candidates_around(groups, original, current, lat, goal, 16, 10, slack=0.15)
     assert len(found) == 10 and len({tuple(sorted(c["widths"].items())) for c in found}) == 10
     for c in found:

@@ -324,6 +324,7 @@ class LatencyModel:
     def __init__(self, layers: list[Layer], tables: LatencyTables):
         self.layers, self.tables = layers, tables
         self.measurements: list[tuple[dict[str, tuple[float, float]], float]] = []  # (widths, measured ms)
+        self._line: tuple[float, float] | None = None  # fitted once per set of measurements
 
     def layer_ms(self, layer: Layer, cin: float, cout: float) -> float:
         """The layer's table time at (cin, cout) less the per-call cost it was timed with (a
@@ -336,9 +337,15 @@ class LatencyModel:
 
     def add_measurement(self, widths: dict[str, tuple[float, float]], ms: float) -> None:
         self.measurements.append((dict(widths), ms))
+        self._line = None
 
     def line(self) -> tuple[float, float]:
         """(a, s): the intercept and slope; with one measurement, s = 1 (savings taken as tabled)."""
+        if self._line is None:
+            self._line = self._fit()
+        return self._line
+
+    def _fit(self) -> tuple[float, float]:
         sums = np.array([self.table_sum(w) for w, _ in self.measurements])
         ms = np.array([m for _, m in self.measurements])
         if len(ms) == 1 or np.ptp(sums) < 1e-9:

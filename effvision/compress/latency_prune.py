@@ -17,6 +17,11 @@ from .prune import meta_pruner, traceable
 MIN_FRACTION = 1 / 8  # no group is cut below an eighth of its original width
 
 
+def floor_width(width: int) -> int:
+    """The fewest channels a group of `width` may keep: MIN_FRACTION of it, at least one."""
+    return max(1, int(np.ceil(width * MIN_FRACTION)))
+
+
 @dataclass
 class ChannelGroup:
     """Channels torch-pruning removes together, and the layers whose widths they are."""
@@ -111,7 +116,7 @@ def plan_widths(
         best = None
         for g in groups:
             touched = (set(g.outs) | set(g.ins)) & set(tables)
-            floor = max(1, int(np.ceil(original[g.root] * MIN_FRACTION)))
+            floor = floor_width(original[g.root])
             levels = [w for w in grid(original[g.root], multiple) if floor <= w < widths[g.root]]
             before = cost(touched, layers)
             for new in sorted(levels, reverse=True):

@@ -6,7 +6,6 @@ corrects the latency model for the next step, and the stage's answer is the last
 
 from __future__ import annotations
 
-import numpy as np
 from pydantic import Field
 
 from ..errors import EffvisionError
@@ -16,7 +15,15 @@ from .aim import Aim
 from .align import aligned_widths, at_widths, fastest_multiple
 from .finetune import finetune, recalibrate_batchnorm
 from .latency import LatencyTables, build_latency_model
-from .latency_prune import MIN_FRACTION, channel_groups, group_widths, layer_widths, plan_widths, ratios_for
+from .latency_prune import (
+    MIN_FRACTION,
+    channel_groups,
+    floor_width,
+    group_widths,
+    layer_widths,
+    plan_widths,
+    ratios_for,
+)
 from .prune import prune
 from .width_search import candidates_around, choose_widths, score_candidates
 
@@ -115,7 +122,7 @@ def check_reachable(model, groups, aim: Aim, multiple: int, score=None) -> dict:
     (rounded up to the channel multiple), and refuse a target it does not meet before any table
     is timed or any training, saying how fast it runs and how accurate it is (score(model): top-1
     with batch-norm statistics recomputed, untrained). Returns its measurement."""
-    least = {g.root: max(1, int(np.ceil(g.width * MIN_FRACTION))) for g in groups}
+    least = {g.root: floor_width(g.width) for g in groups}
     floor = {g.root: min(g.width, -(-least[g.root] // multiple) * multiple) for g in groups}
     narrowest = at_widths(model, groups, floor)
     m = aim.measure(narrowest)

@@ -20,13 +20,9 @@ from torch import nn
 
 from ..progress import log
 from .latency import LatencyModel, grid
-from .latency_prune import MIN_FRACTION, ChannelGroup
+from .latency_prune import ChannelGroup, floor_width
 
 BN_SAMPLES = 1024  # recalibrate_batchnorm's random subset; scoring uses the images after it
-
-
-def floor_width(original: int) -> int:
-    return max(1, int(np.ceil(original * MIN_FRACTION)))
 
 
 def layers_at(
@@ -96,10 +92,8 @@ def candidate_widths(
     reach = np.array([1 - levels[g.root][0] / g.width for g in groups])
     rng = np.random.default_rng(seed)
 
-    a, slope = lat.line()  # lat.predict refits it per call
-
     def predict(widths: dict[str, int]) -> float:
-        return a + slope * lat.table_sum(layers_at(groups, current, widths))
+        return lat.predict(layers_at(groups, current, widths))
 
     found: list[tuple[str, dict[str, int]]] = []
     seen: set[tuple[int, ...]] = set()
@@ -144,9 +138,11 @@ def _tight_vectors(groups, levels, predict, goal_ms) -> list[dict[str, int]]:
 
 def scoring_indices(n_train: int, samples: int) -> list[int]:
     """Training images to score candidates on: a random draw after the ones batch norm is
-    recalibrated on (the same permutation as recalibrate_batchnorm's), so that the two do not
+    recalibrated on (training_order, as recalibrate_batchnorm draws them), so that the two do not
     overlap where the split is large enough."""
-    order = np.random.default_rng(0).permutation(n_train)
+    from .finetune import training_order
+
+    order = training_order(n_train)
     rest = order[BN_SAMPLES:]
     if len(rest) < 256:  # a small training split (the digits demo): score on the recalibration images too
         rest = order
@@ -173,7 +169,6 @@ def candidates_around(
     (the latency model's error on these nets: a speednet plan predicted at 0.189 ms measured
     0.171, and uniform pruning that the model put past the goal ran faster than the plan); each a
     record of kind, widths, predicted_ms and whether the prediction meets the goal."""
-    a, slope = lat.line()
     strict = candidate_widths(groups, original, current, lat, goal_ms, multiple, max(1, count // 2), planned, seed)
     more = candidate_widths(groups, original, current, lat, goal_ms * (1 + slack), multiple, count, None, seed + 1)
     out, seen = [], set()
@@ -182,7 +177,7 @@ def candidates_around(
         if key in seen or len(out) >= count:
             continue
         seen.add(key)
-        ms = a + slope * lat.table_sum(layers_at(groups, current, widths))
+        ms = lat.predict(layers_at(groups, current, widths))
         out.append({"kind": kind, "widths": dict(widths), "predicted_ms": round(ms, 4), "predicted_met": ms <= goal_ms})
     return out
 
