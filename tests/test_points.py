@@ -70,10 +70,9 @@ def test_modelnet_layout_is_cached_and_bad_files_counted(tmp_path, monkeypatch):
     )
     x, y = train[0]
     assert x.shape == (32, 3) and x.dtype == np.float32 and np.abs(x).max() <= 1.0 + 1e-5 and y == 0
-    assert (
-        len(list((tmp_path / "cache/points").glob("*.npz"))) == 2
-        and len(list((tmp_path / "cache/points").glob("*.npy"))) == 2
-    )
+    cached = tmp_path / "cache/points"
+    assert len(list(cached.glob("*.npz"))) == 2 and len(list(cached.glob("*.npy"))) == 4
+    assert len(list(cached.glob("*.fps32x8.npy"))) == 2  # the clouds' farthest-point orders
     # streamed from the memory-mapped cache, never loaded whole; the broken file's row is left out
     assert isinstance(train.clouds, np.memmap) and len(train.clouds) == 7 and len(train.rows) == 6
     summary = train.summary()
@@ -91,6 +90,82 @@ def test_modelnet_layout_is_cached_and_bad_files_counted(tmp_path, monkeypatch):
     assert np.array_equal(again.clouds, train.clouds) and len(again.report.bad) == 1
     with pytest.raises(EffvisionError, match="broken.off.*on_bad_sample=skip"):
         points.pointfolder(card, DataConfig(name="t", on_bad_sample="fail"))
+
+
+def _shapes(tmp_path, **card):
+    """A cached point dataset of 12 training tetrahedra (2 classes), points farthest-point sampled."""
+    from effvision.data import points
+
+    root = tmp_path / "data"
+    for c, scale in (("cone", 1.0), ("desk", 2.0)):
+        for split, n in (("train", 6), ("test", 2)):
+            for i in range(n):
+                _off(root / c / split / f"{c}_{i:04d}.off", scale * (1 + i))
+    return points.pointfolder(_card(tmp_path, **card), DataConfig(name="t"))
+
+
+def test_cached_fps_orders_give_the_samples_a_fresh_search_gives(tmp_path):
+    from effvision.data.point_samplers import get_point_sampler
+
+    train, val = _shapes(tmp_path)
+    fresh = get_point_sampler("fps", 32)
+    for ds in (train, val):  # evaluation: the same points as sampling afresh from the first point, as before
+        ds.train = False
+        for i in range(len(ds)):
+            cloud = np.asarray(ds.clouds[ds.rows[i]])
+            assert np.array_equal(ds[i][0], fresh(cloud).points)
+    row = train.rows[3]
+    cloud, starts = np.asarray(train.clouds[row]), fresh.start_points(64, int(row))
+    assert starts[0] == 0 and len(set(starts)) > 4
+    for k, start in enumerate(starts):  # training draws among orders searched from these start points
+        assert np.array_equal(train.orders[row, k], fresh.order(cloud, start))
+    train.train = True
+    drawn = {tuple(train[3][0].ravel()) for _ in range(40)}
+    assert 4 < len(drawn) <= 8
+
+
+def test_point_batches_are_the_per_sample_draws_augmented_a_batch_at_a_time(tmp_path):
+    from effvision.data.cards import PointAugment
+    from effvision.data.point_batches import PointBatches
+
+    train, _ = _shapes(tmp_path)
+    off = PointAugment(rotate=False, scale=(1.0, 1.0), jitter=0.0, dropout=0.0)
+    batches = PointBatches(train, off, "z", 4, torch.device("cpu"), seed=1)
+    assert len(batches) == 3
+    seen, used = [], set()
+    for x, y, idx in batches:
+        assert x.shape == (4, 3, 32) and torch.equal(y, torch.tensor([train.targets[i] for i in idx]))
+        for sample, i in zip(x, idx.tolist(), strict=True):
+            row = train.rows[i]
+            matches = [k for k in range(8) if np.array_equal(sample.T.numpy(), train.clouds[row][train.orders[row, k]])]
+            assert len(matches) >= 1
+            used.add(matches[0])
+        seen += idx.tolist()
+    assert sorted(seen) == list(range(12)) and len(used) > 2
+    # augmentation: each cloud turned by its own angle about z, z kept, count kept
+    turn = PointAugment(rotate=True, scale=(1.0, 1.0), jitter=0.0, dropout=0.0)
+    batches.set_epoch(0)
+    plain, turned = next(iter(batches)), next(iter(PointBatches(train, turn, "z", 4, torch.device("cpu"), seed=1)))
+    x, t = plain[0], turned[0]
+    assert torch.equal(plain[2], turned[2])
+    assert torch.allclose(x[:, 2], t[:, 2]) and torch.allclose(x[:, :2].norm(dim=1), t[:, :2].norm(dim=1), atol=1e-5)
+    angles = torch.atan2(t[:, 1, 0], t[:, 0, 0]) - torch.atan2(x[:, 1, 0], x[:, 0, 0])
+    assert len({round(float(a) % 6.2832, 3) for a in angles}) == 4
+
+
+def test_voxel_sampling_keeps_the_per_sample_path(tmp_path):
+    from effvision.data import DatasetBundle
+
+    def bundle(**card):
+        train, val = _shapes(tmp_path, **card)
+        return DatasetBundle("t", "points", _card(tmp_path, **card), DataConfig(name="t"), train, val, train.classes)
+
+    cpu = torch.device("cpu")
+    assert bundle().batched_train_loader(4, cpu).path == "batched, point cache"
+    voxel = bundle(sampler="voxel", sampler_options={"voxel_size": 0.05})
+    assert voxel.train.orders is None and voxel.batched_train_loader(4, cpu) is None
+    with pytest.raises(EffvisionError, match="tensor_data: the voxel sampler picks each cloud's points on its own"):
+        voxel.batched_train_loader(4, cpu, required=True)
 
 
 def test_class_folders_and_annotation_lists_with_lidar_bins(tmp_path):

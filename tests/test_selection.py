@@ -206,6 +206,32 @@ def test_every_selector_works_on_every_modality(modality, tmp_path, monkeypatch)
     assert len(sub.train) == n and next(iter(sub.train_loader(4, with_index=True)))[2].max() < n
 
 
+def test_the_default_proxy_is_a_narrower_copy_scored_by_its_own_training(monkeypatch):
+    from effvision.compress import selection
+    from effvision.compress.selection import ProxyConfig, narrowed, score
+    from effvision.models import create_model
+
+    data, arch, kwargs = _image_data()
+    make = lambda: create_model(arch, num_classes=data.num_classes, **kwargs)  # noqa: E731
+    full = sum(p.numel() for p in make().parameters())
+    assert sum(p.numel() for p in narrowed(make(), 0.5).parameters()) < 0.4 * full  # about a quarter
+    assert ProxyConfig().width == 0.5 and ProxyConfig().scores == "training"
+    passes = []
+    real = selection.embeddings_and_probs
+    monkeypatch.setattr(
+        selection, "embeddings_and_probs", lambda m, loader, d: passes.append(len(loader.dataset)) or real(m, loader, d)
+    )
+    scored = score(data, ["el2n", "forgetting"], ProxyConfig(epochs=2), make, torch.device("cpu"))
+    s = scored.signals
+    # no pass over the split: only the few samples a dropped last batch hid in the last epoch are passed
+    assert all(n < len(data.train) // 2 for n in passes) and s.embeddings is None
+    assert np.isfinite(s.probs).all() and np.allclose(s.probs.sum(1), 1, atol=1e-4) and s.forgetting is not None
+    assert np.allclose(s.el2n, np.linalg.norm(s.probs - np.eye(data.num_classes)[s.targets], axis=1), atol=1e-5)
+    passes.clear()
+    score(data, ["el2n"], ProxyConfig(epochs=2, scores="pass"), make, torch.device("cpu"))
+    assert passes == [len(data.train)]
+
+
 # ----------------------------------------------------------------------------- the loop
 def test_selective_backprop_trains_on_the_hardest_fraction(monkeypatch):
     from effvision.models import create_model

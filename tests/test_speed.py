@@ -2,6 +2,7 @@
 progressive sizes, step schedule, stopping at a target or a time limit, LARS/LAMB trust ratios,
 recipe presets and the time-to-accuracy runner."""
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -147,6 +148,51 @@ def test_tensor_data_trains_like_the_dataloader(digits):
     assert accs[1] > 0.7 and abs(accs[0] - accs[1]) < 0.15, accs
 
 
+def test_images_too_large_for_memory_batch_from_a_decoded_cache_on_disk(tmp_path, monkeypatch):
+    from conftest import write_image_folder
+
+    from effvision.data import DatasetBundle, Subset
+    from effvision.data.cards import DatasetCard
+    from effvision.data.images import ImageFolderDataset
+
+    train = ImageFolderDataset(write_image_folder(tmp_path / "imgs", per_class=9, size=20))
+    card = DatasetCard(name="t", source="imagefolder", image_size=16, cache_dir=str(tmp_path / "cache"))
+    subset = Subset(train, list(range(2, 18)))  # a coreset: rows of the cache are not sample positions
+    bundle = DatasetBundle("t", "image", card, DataConfig(name="t"), subset, subset, train.classes)
+    held = bundle.batched_train_loader(4, CPU, seed=5)
+    assert held.path == "batched, in memory"
+    monkeypatch.setattr("effvision.data.cache_budget", lambda: 16 * 3 * 16 * 16 - 1)  # one byte short
+    mapped = bundle.batched_train_loader(4, CPU, seed=5)
+    assert mapped.path == "batched, memory-mapped decoded cache" and len(mapped.images) == 18
+    assert len(list((tmp_path / "cache/images").glob("*.npy"))) == 1
+    for (x1, y1, i1), (x2, y2, i2) in zip(held, mapped, strict=True):  # the same batches either way
+        assert torch.equal(i1, i2) and torch.equal(y1, y2) and torch.equal(x1, x2)
+
+    def no_decoding(i):
+        raise AssertionError("the decoded cache was decoded again")
+
+    monkeypatch.setattr(train, "image", no_decoding)  # written once, then read by every later loader
+    again = bundle.batched_train_loader(4, CPU, seed=5)
+    mapped.set_epoch(0)
+    assert torch.equal(next(iter(again))[0], next(iter(mapped))[0])
+
+
+def test_batched_data_is_the_default_where_the_data_allows(digits, tmp_path):
+    from effvision.train.loop import data_path, train_batches
+
+    assert data_path(train_batches(digits, TrainSettings(), CPU, 0, 0, 1)) == "batched, in memory"
+    assert data_path(train_batches(digits, TrainSettings(tensor_data=False), CPU, 0, 0, 1)) == (
+        "per-sample DataLoader, 0 workers"
+    )
+    resized = dataclasses.replace(digits, card=digits.card.model_copy(update={"train_crop": "resized"}))
+    assert data_path(train_batches(resized, TrainSettings(), CPU, 0, 0, 1)).startswith("per-sample")
+    with pytest.raises(EffvisionError, match="tensor_data: batched images augment by translation.*resized"):
+        train_batches(resized, TrainSettings(tensor_data=True), CPU, 0, 0, 1)
+    res = fit(create_model("cifar_resnet8", width=0.25), digits, TrainSettings(epochs=1, lr=0.1), CPU)
+    data = res.metrics(TrainSettings())["data"]
+    assert data["path"] == "batched, in memory" and data["train_samples_per_s"] > 0
+
+
 # ----------------------------------------------------------------------------- whitening, mirror, sizes
 def test_whitening_filters_decorrelate_patches():
     torch.manual_seed(0)
@@ -192,7 +238,7 @@ def test_image_tricks_are_refused_where_they_do_not_apply(digits):
     with pytest.raises(EffvisionError, match="hflip: false"):
         fit(create_model("cifar_resnet8", width=0.25), digits, TrainSettings(epochs=1, tta_flip=True), CPU)
     video = SimpleNamespace(modality="video", name="clips", card=SimpleNamespace(hflip=True))
-    with pytest.raises(EffvisionError, match="tensor_data, whiten: image-only.*video"):
+    with pytest.raises(EffvisionError, match="tensor_data, whiten: training options for images.*video"):
         check_tricks(TrainSettings(tensor_data=True, whiten=True), video)
     check_tricks(TrainSettings(tta_flip=True), video)  # mirrored frames are fine
     points = SimpleNamespace(modality="points", name="shapes", card=SimpleNamespace(hflip=False))
@@ -333,7 +379,7 @@ def test_compiled_training_times_compilation_apart(digits):
     secs = warm_compiled(
         torch.compile(model, dynamic=False),
         model,
-        digits.tensor_train_loader(32, CPU),
+        digits.batched_train_loader(32, CPU),
         s,
         None,
         CPU,

@@ -60,6 +60,83 @@ def test_pyav_fallback_reads_a_raw_stream(raw_stream):
     assert video.frames([0, 11]).shape == (2, 24, 32, 3)  # aspect kept: 48x64 -> 24x32
 
 
+def test_a_scanned_file_is_opened_once_per_clip_and_never_recounted(clip_file, raw_stream, monkeypatch):
+    import av
+    import decord
+
+    from effvision.data import video_io
+    from effvision.data.videos import VideoDataset
+
+    ds = VideoDataset([(clip_file, 0), (raw_stream, 1)], ["a", "b"], get_sampler("tsn", 4), 32)
+    assert [(i.backend, i.frames, i.width, i.height) for i in ds.info] == [("decord", 16, 64, 64), ("pyav", 12, 64, 48)]
+    assert ds.info[0].keys == (0, 8) and ds.info[1].keys[0] == 0
+    opened = []
+    real_av, real_decord = av.open, decord.VideoReader
+    monkeypatch.setattr(av, "open", lambda *a, **k: opened.append("av") or real_av(*a, **k))
+    monkeypatch.setattr(decord, "VideoReader", lambda *a, **k: opened.append("decord") or real_decord(*a, **k))
+    monkeypatch.setattr(video_io.PyAVVideo, "_scan", lambda self: pytest.fail("a clip read counted frames again"))
+    clip, decoded = ds.read(0)
+    assert opened == ["decord"] and clip.shape == (4, 3, 32, 32) and decoded == 4
+    opened.clear()
+    clip, decoded = ds.read(1)
+    # one pass up to the last frame it keeps (frame 10 of 12), converting only the 4 it keeps
+    assert opened == ["av"] and clip.shape == (4, 3, 32, 43) and decoded == 11
+
+
+def _write_m4v(path, frames: int, gop: int | None = None):
+    import av
+
+    with av.open(str(path), "w", format="m4v") as c:
+        s = c.add_stream("mpeg4", rate=10)
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+        if gop:
+            s.codec_context.gop_size = gop
+        for f in render_clip(0, np.random.default_rng(1), frames=frames, size=64)[:, :48]:
+            for p in s.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return path
+
+
+def _sequentially(video, indices):
+    """The same frames, decoded one after another from the first (no group skipping)."""
+    import dataclasses
+
+    from effvision.data.video_io import PyAVVideo
+
+    return PyAVVideo(video.path, video.size, dataclasses.replace(video.info, in_order=False)).frames(indices)
+
+
+def test_a_stream_without_an_index_skips_the_groups_of_pictures_it_needs_nothing_from(tmp_path):
+    from effvision.data.video_io import scan_video
+
+    path = _write_m4v(tmp_path / "gop4.m4v", 12, gop=4)
+    info = scan_video(path)
+    assert (info.backend, info.frames, info.keys, info.in_order) == ("pyav", 12, (0, 4, 8), True)
+    video = open_video(path, 24, info=info)
+    frames = video.frames([9, 1])
+    assert video.decoded == 4  # frames 0-1 and 8-9: frames 2-7 were never decoded
+    assert np.array_equal(frames, _sequentially(video, [9, 1]))
+
+
+@needs_shared
+def test_shared_streams_read_by_groups_give_the_frames_sequential_decoding_gives():
+    from effvision.data.video_io import scan_video
+
+    streams = 0
+    for path in SHARED_VIDEOS:
+        info = scan_video(path)
+        if not info.in_order:
+            continue
+        streams += 1
+        video = open_video(path, 112, info=info)
+        idx = segment_indices(info.frames, 8, True, np.random.default_rng(streams))
+        assert np.array_equal(video.frames(idx), _sequentially(video, idx)), path
+        assert video.decoded < max(idx) + 1
+    assert streams == 8  # the UCF101 raw MPEG-4 streams
+
+
 def test_segment_indices_cover_the_video_and_centre_in_evaluation():
     rng = np.random.default_rng(0)
     assert segment_indices(80, 8, False, rng) == [5, 15, 25, 35, 45, 55, 65, 75]

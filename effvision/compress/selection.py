@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 import torch
@@ -21,15 +21,24 @@ from ..train.loop import fit
 
 
 class ProxyConfig(TrainSettings):
-    """The model that scores samples: a copy of the current model unless `model` names a smaller
-    one; trained for `epochs` on the whole split (0: score with the model as it is)."""
+    """The model that scores samples: a narrower copy of the current model (or of `model`, a
+    smaller one), trained for `epochs` on the whole split (0: score with the model as it is),
+    its scores read from its own training (Data Diet's early scores, without a pass of their own)."""
 
     model: Optional[str] = Field(
         None, description="a cheaper model to score with (zoo card or registered arch); default: the current model"
     )
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    width: float = Field(
+        0.5, gt=0, le=1, description="the proxy's channels as a fraction of its model's (uniform pruning); 1: as is"
+    )
     epochs: int = Field(2, ge=0)
     runs: int = Field(1, ge=1, description="proxy runs (seeds) whose probabilities and EL2N scores are averaged")
+    scores: Literal["training", "pass"] = Field(
+        "training",
+        description="training: probabilities and EL2N from each sample's logits at its last presentation in the "
+        "proxy's training (no extra pass); pass: one evaluation pass over the split after training",
+    )
     optimizer: Optimizer = "adamw"
     lr: float = Field(3e-3, gt=0)
 
@@ -60,6 +69,19 @@ class ForgettingCounter:
 
     def counts(self) -> np.ndarray:
         return np.where(self.learned, self.events.astype(np.float64), np.inf)
+
+
+class LastPresentation:
+    """Each sample's softmax at its latest presentation in training (NaN rows: never presented)."""
+
+    def __init__(self, n: int, num_classes: int):
+        self.probs = np.full((n, num_classes), np.nan, np.float32)
+
+    def __call__(self, idx: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        self.probs[idx.numpy()] = logits.float().softmax(1).cpu().numpy()
+
+    def unseen(self) -> np.ndarray:
+        return np.flatnonzero(np.isnan(self.probs[:, 0]))
 
 
 @torch.inference_mode()
@@ -107,10 +129,18 @@ def score(
         )
     onehot = np.eye(data.num_classes, dtype=np.float32)[targets]
     probs_sum, el2n_sum, counters = 0.0, 0.0, []
+    from_training = proxy.scores == "training" and proxy.epochs > 0
+    emb = None
     for run in range(proxy.runs):
-        model = make_proxy()
+        model = narrowed(make_proxy(), proxy.width)
+        probs = None
         if proxy.epochs:
-            counter = ForgettingCounter(len(targets))
+            counter, last = ForgettingCounter(len(targets)), LastPresentation(len(targets), data.num_classes)
+
+            def record(idx, logits, y, counter=counter, last=last):
+                counter(idx, logits, y)
+                last(idx, logits, y)
+
             res = fit(
                 model,
                 data,
@@ -118,13 +148,19 @@ def score(
                 device,
                 seed=seed + 1000 * run,
                 label=f"{label} {run + 1}/{proxy.runs}",
-                on_batch=counter,
+                on_batch=record,
             )
             out.proxy_train_s += res.train_s
             out.proxy_accuracy.append(res.accuracy)
             counters.append(counter)
+            probs = last.probs if from_training else None
         start = time.perf_counter()
-        emb, probs = embeddings_and_probs(model, data.train_eval_loader(), device)
+        if probs is None or "embeddings" in needs:
+            emb, passed = embeddings_and_probs(model, data.train_eval_loader(), device)
+            probs = passed if probs is None else probs
+        unseen = last.unseen() if from_training else ()
+        if len(unseen):  # the few a dropped last batch never showed: one small pass
+            probs[unseen] = embeddings_and_probs(model, data.train_eval_loader(unseen), device)[1]
         out.scoring_s += time.perf_counter() - start
         probs_sum = probs_sum + probs
         el2n_sum = el2n_sum + np.linalg.norm(probs - onehot, axis=1)
@@ -134,6 +170,15 @@ def score(
         learned = np.any([c.learned for c in counters], axis=0)
         s.forgetting = np.where(learned, np.sum([c.events for c in counters], axis=0).astype(np.float64), np.inf)
     return out
+
+
+def narrowed(model: torch.nn.Module, width: float) -> torch.nn.Module:
+    """The model with `width` of its channels (uniform structured pruning; the classifier keeps its outputs)."""
+    if width >= 1:
+        return model
+    from .prune import prune
+
+    return prune(model, 1 - width)
 
 
 def choose(

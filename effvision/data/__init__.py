@@ -14,8 +14,11 @@ from ..recipe import DataConfig
 from ..registry import DATASETS
 from . import builtin, frame_samplers, point_samplers, points, selectors, videos  # noqa: F401  (register readers, samplers, selectors)
 from .cards import DatasetCard, get_card
+from .images import cache_budget
+from .point_batches import PointBatches, point_batches_possible
 from .point_transforms import PointTrainTransform, point_eval_transform
-from .tensor_batches import TensorBatches, stack_images
+from .tensor_batches import ShuffledBatches, TensorBatches, decoded_bytes, mapped_images, stack_images
+from .timing import NO_SPLIT
 from .transforms import eval_transform, train_transform, video_eval_transform, video_train_transform
 
 
@@ -117,7 +120,7 @@ class DatasetBundle:
             persistent_workers=self.config.num_workers > 0,
         )
 
-    def tensor_train_loader(
+    def batched_train_loader(
         self,
         batch_size: int | None,
         device: torch.device,
@@ -125,32 +128,33 @@ class DatasetBundle:
         translate: int | None = None,
         rank: int = 0,
         world: int = 1,
-    ) -> TensorBatches:
-        """Training batches from the whole split held as a uint8 tensor on `device`, augmented
-        on the device (mirror when the card allows it, translate); images only."""
-        c = self.card
-        if self.modality != "image":
-            raise EffvisionError(
-                f"tensor_data holds images in memory; dataset {self.name} is {self.modality} (turn tensor_data off)"
-            )
-        if c.train_crop != "pad":
-            raise EffvisionError(
-                f"tensor_data augments by translation; dataset {self.name} asks for train_crop: {c.train_crop}"
-            )
-        images = stack_images(self.train, c.image_size)
-        return TensorBatches(
-            images,
-            self.train.targets,
-            c.mean,
-            c.std,
-            batch_size or self.config.batch_size,
-            device,
-            seed=seed,
-            hflip=c.hflip,
-            translate=c.image_size // 8 if translate is None else translate,
-            rank=rank,
-            world=world,
-        )
+        required: bool = False,
+    ) -> ShuffledBatches | None:
+        """Training batches made and augmented a whole batch at a time: images from the split held
+        as a uint8 tensor on `device` (or, when it does not fit the memory budget, from a decoded,
+        memory-mapped cache on disk), point clouds from their cache. None where the data needs the
+        per-sample path (video; images cropped `resized`; the voxel sampler), an error then if required."""
+        c, bs = self.card, batch_size or self.config.batch_size
+        why = None
+        if self.modality == "video":
+            why = f"dataset {self.name} is video: its clips are decoded per sample"
+        elif self.modality == "image" and c.train_crop != "pad":
+            why = f"batched images augment by translation; dataset {self.name} asks for train_crop: {c.train_crop}"
+        elif self.modality == "points" and not point_batches_possible(self.train):
+            why = f"the {c.sampler_name(self.config)} sampler picks each cloud's points on its own"
+        if why:
+            if required:
+                raise EffvisionError(f"tensor_data: {why} (turn tensor_data off)")
+            return None
+        if self.modality == "points":
+            return PointBatches(self.train, c.augment, c.up_axis, bs, device, seed, rank, world)
+        common = dict(seed=seed, hflip=c.hflip, translate=c.image_size // 8 if translate is None else translate)
+        common.update(rank=rank, world=world)
+        if decoded_bytes(self.train, c.image_size) <= cache_budget():
+            images = stack_images(self.train, c.image_size)
+            return TensorBatches(images, self.train.targets, c.mean, c.std, bs, device, **common)
+        images, rows = mapped_images(self.train, c.image_size, c.cache_dir, track)
+        return TensorBatches(images, self.train.targets, c.mean, c.std, bs, device, rows=rows, **common)
 
     def val_loader(self, batch_size: int | None = None) -> DataLoader:
         return DataLoader(
@@ -211,7 +215,9 @@ class _Transformed(Dataset):
 
     def __getitem__(self, i):
         img, y = self.ds[i]
-        return (self.transform(img), y, i) if self.with_index else (self.transform(img), y)
+        with getattr(_parent(self.ds), "split", NO_SPLIT)("augment"):  # a benchmark's TimeSplit
+            img = self.transform(img)
+        return (img, y, i) if self.with_index else (img, y)
 
 
 def load_dataset(config: DataConfig | str | None = None, seed: int = 0) -> DatasetBundle:

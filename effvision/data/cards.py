@@ -60,7 +60,8 @@ class DatasetCard(Strict):
     augment: PointAugment = Field(default_factory=PointAugment)
     cache_dir: str = Field(
         "runs/cache",
-        description="where sampled clouds are cached as .npz (points; generated data caches beside itself)",
+        description="where sampled clouds (points) and decoded images too large for memory are cached "
+        "(generated data caches beside itself)",
     )
     generate: dict[str, Any] = Field(default_factory=dict, description="parameters of a generated dataset")
     description: str = ""

@@ -19,7 +19,8 @@ import numpy as np
 from ..errors import EffvisionError
 from ..registry import SAMPLERS
 from .samplers import make_sampler
-from .video_io import Video, VideoError, open_video
+from .timing import NO_SPLIT
+from .video_io import Video, VideoError, VideoInfo, open_video
 
 
 @dataclass
@@ -44,6 +45,7 @@ class FrameSampler:
     falling back to PyAV when decord opens a file but fails to decode it."""
 
     modality = "video"
+    split = NO_SPLIT  # a benchmark's TimeSplit
 
     def __init__(self, num_frames: int = 8):
         if num_frames < 1:
@@ -68,9 +70,12 @@ class FrameSampler:
         rng: np.random.Generator | None = None,
         backend: str = "auto",
         position: float = 0.5,
+        info: VideoInfo | None = None,
     ) -> Clip:
+        """The clip of one file; with the file's VideoInfo (a dataset scan's) it is opened once."""
         rng = rng or np.random.default_rng(0)
-        video = open_video(path, short_side, backend)
+        with self.split("read"):
+            video = open_video(path, short_side, backend, info)
         try:
             return self._decode(video, train, rng, position)
         except VideoError:
@@ -79,8 +84,10 @@ class FrameSampler:
             return self._decode(open_video(path, short_side, "pyav"), train, rng, position)
 
     def _decode(self, video: Video, train: bool, rng: np.random.Generator, position: float) -> Clip:
-        idx, scanned = self.select(video, train, rng, position)
-        frames = video.frames(idx)
+        with self.split("sample"):
+            idx, scanned = self.select(video, train, rng, position)
+        with self.split("decode"):
+            frames = video.frames(idx)
         return Clip(frames, idx, video.decoded + scanned, len(video), video.backend)
 
 
@@ -134,7 +141,7 @@ class MotionSampler(FrameSampler):
         n = len(video)
         step = max(1, -(-n // self.max_scan))
         scanned = list(range(0, n, step))
-        low = open_video(video.path, self.scan_size, video.backend)
+        low = open_video(video.path, self.scan_size, video.backend, video.info)
         small = low.frames(scanned).astype(np.int16)
         score = np.r_[0.0, np.abs(np.diff(small, axis=0)).mean(axis=(1, 2, 3))]
         order = np.argsort(-score, kind="stable")

@@ -24,6 +24,7 @@ import torch
 from ..models.points import farthest_point_sample
 from .point_io import POINT_EXTS, guess_bin_width, read_points
 from .point_samplers import farthest_point_indices, normalize_unit_sphere
+from .timing import NO_SPLIT, TimeSplit
 
 
 def _width(path: Path) -> int:
@@ -56,12 +57,14 @@ def measure(files: list[Path], points: int, rounds: int) -> dict:
                 "open3d_ms": 1000 * statistics.median(open3d_s),
             }
         )
-    loader = []
+    loader, split = [], TimeSplit()
     for _ in range(rounds):
         t = time.perf_counter()
         for f in files:
-            cloud = normalize_unit_sphere(read_points(f, bin_width=_width(f)))
-            cloud[farthest_point_indices(cloud[:, :3].astype(np.float64), points)]
+            with split("read"):
+                cloud = normalize_unit_sphere(read_points(f, bin_width=_width(f)))
+            with split("sample"):
+                cloud[farthest_point_indices(cloud[:, :3].astype(np.float64), points)]
         loader.append(len(files) / (time.perf_counter() - t))
     return {
         "points": points,
@@ -70,27 +73,58 @@ def measure(files: list[Path], points: int, rounds: int) -> dict:
         "fps": fps_rows,
         "loader_samples_per_s": statistics.median(loader),
         "loader_rounds": loader,
+        "loader_split": split.shares(),
     }
 
 
+def _pass(loader, split: TimeSplit, timed_inside: bool) -> tuple[float, int]:
+    """Seconds and samples of one pass over a loader; for the per-sample DataLoader (whose
+    dataset times its own parts) what its parts leave over is the DataLoader's collation."""
+    t, n = time.perf_counter(), 0
+    before = sum(split.seconds.values())
+    for x, *_ in loader:
+        n += len(x)
+    seconds = time.perf_counter() - t
+    if not timed_inside:
+        split.seconds["collate"] += seconds - (sum(split.seconds.values()) - before)
+    return seconds, n
+
+
 def cached_loader(dataset: str, points: int, rounds: int, batch_size: int = 32) -> dict:
-    """Samples per second of full passes over a card's training loader (the cache built first)."""
+    """Samples per second of full passes over a card's training data, three ways, alternating
+    round by round: batched (the training default), per sample with the cached farthest-point
+    orders (tensor_data: false), and per sample searching afresh on every draw (before the
+    orders were cached). Each with the split of its time."""
     from ..recipe import DataConfig
     from . import load_dataset
+    from .tensor_batches import base_and_indices
 
     bundle = load_dataset(DataConfig(name=dataset, num_points=points, batch_size=batch_size))
-    rates = []
+    base, _ = base_and_indices(bundle.train)
+    cached_orders = base.orders
+    batched = bundle.batched_train_loader(batch_size, torch.device("cpu"))
+    ways = {
+        "batched (training default)": (batched, cached_orders),
+        "per sample, cached FPS orders": (bundle.train_loader(batch_size), cached_orders),
+        "per sample, FPS searched per draw (before)": (bundle.train_loader(batch_size), None),
+    }
+    rates = {name: [] for name in ways}
+    splits = {name: TimeSplit() for name in ways}
     for _ in range(rounds):
-        t, n = time.perf_counter(), 0
-        for x, _ in bundle.train_loader():
-            n += len(x)
-        rates.append(n / (time.perf_counter() - t))
+        for name, (loader, orders) in ways.items():
+            base.orders = orders
+            base.split = NO_SPLIT if loader is batched else splits[name]
+            batched.split = splits[name] if loader is batched else NO_SPLIT
+            seconds, n = _pass(loader, splits[name], timed_inside=loader is batched)
+            rates[name].append(n / seconds)
+    base.orders, base.split, batched.split = cached_orders, NO_SPLIT, NO_SPLIT
     return {
         "dataset": dataset,
         "samples": len(bundle.train),
         "batch_size": batch_size,
-        "samples_per_s": statistics.median(rates),
+        "samples_per_s": {name: statistics.median(r) for name, r in rates.items()},
         "rounds": rates,
+        "split": {name: sp.shares() for name, sp in splits.items()},
     }
 
 
@@ -110,14 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     print("| file | points | ours: torch FPS (in-network) ms | open3d FPS ms |\n|---|---|---|---|")
     for r in result["fps"]:
         print(f"| {r['file'][:40]} | {r['points_in']} | {r['torch_ms']:.1f} | {r['open3d_ms']:.1f} |")
-    print(f"loader (read, normalise, FPS to {args.points}): {result['loader_samples_per_s']:.1f} samples/s")
+    cold = ", ".join(f"{p} {v:.0%}" for p, v in result["loader_split"].items())
+    print(f"cold (read, normalise, FPS to {args.points}): {result['loader_samples_per_s']:.1f} samples/s ({cold})")
     if args.dataset:
         result["cached"] = cached_loader(args.dataset, args.points, args.rounds)
         c = result["cached"]
-        print(
-            f"{args.dataset} training loader (cache, FPS to {args.points}, augment, batch {c['batch_size']}): "
-            f"{c['samples_per_s']:.1f} samples/s"
-        )
+        print(f"{args.dataset} training data (cache, FPS to {args.points}, augment, batch {c['batch_size']}):")
+        print("| way | samples/s (median) | time split |\n|---|---|---|")
+        for name, rate in c["samples_per_s"].items():
+            split = ", ".join(f"{p} {v:.0%}" for p, v in c["split"][name].items())
+            print(f"| {name} | {rate:.1f} | {split} |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

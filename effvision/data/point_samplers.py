@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ..errors import EffvisionError
 from ..registry import SAMPLERS
@@ -61,6 +62,11 @@ class PointSampler:
     def indices(self, points: np.ndarray, train: bool, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
 
+    def batch_indices(self, batch: int, points: int, gen: torch.Generator) -> torch.Tensor | None:
+        """(batch, num_points) indices into clouds of `points` points each, drawn for a whole
+        batch at once; None where the sampler needs each cloud's own points (per-sample path)."""
+        return None
+
     def __call__(self, points: np.ndarray, train: bool = False, rng: np.random.Generator | None = None) -> Sampled:
         rng = rng or np.random.default_rng(0)
         return _fill(points, self.indices(points, train, rng), self.num_points, rng)
@@ -84,12 +90,27 @@ def coarse_to_fine(xyz: np.ndarray, idx: np.ndarray, smallest: int = 16) -> np.n
 @SAMPLERS.register("fps")
 class FarthestPointSampler(PointSampler):
     """Farthest-point sampling, points ordered coarse to fine (coarse_to_fine); a random start
-    point in training, the first point otherwise."""
+    point in training, the first point otherwise. A cached dataset computes each cloud's order
+    once for `starts` start points (the first point, then random ones) and training draws among
+    them, instead of sampling afresh on every draw (points.py)."""
+
+    def __init__(self, num_points: int = 1024, starts: int = 8):
+        super().__init__(num_points)
+        if starts < 1:
+            raise EffvisionError(f"starts must be at least 1, got {starts}")
+        self.starts = starts
+
+    def order(self, points: np.ndarray, start: int = 0) -> np.ndarray:
+        xyz = points[:, :3].astype(np.float64)
+        return coarse_to_fine(xyz, farthest_point_indices(xyz, self.num_points, start))
+
+    def start_points(self, points: int, seed: int) -> list[int]:
+        """The cached start points of one cloud: its first point, then random ones (seeded by the cloud)."""
+        rest = np.random.default_rng(seed).integers(points, size=self.starts - 1)
+        return [0, *(int(s) for s in rest)]
 
     def indices(self, points, train, rng):
-        xyz = points[:, :3].astype(np.float64)
-        start = int(rng.integers(len(points))) if train else 0
-        return coarse_to_fine(xyz, farthest_point_indices(xyz, self.num_points, start))
+        return self.order(points, int(rng.integers(len(points))) if train else 0)
 
 
 @SAMPLERS.register("random")
@@ -99,6 +120,9 @@ class RandomPointSampler(PointSampler):
     def indices(self, points, train, rng):
         return rng.choice(len(points), min(self.num_points, len(points)), replace=False)
 
+    def batch_indices(self, batch, points, gen):
+        return torch.rand(batch, points, generator=gen).argsort(1)[:, : self.num_points]
+
 
 @SAMPLERS.register("uniform")
 class UniformPointSampler(PointSampler):
@@ -107,6 +131,9 @@ class UniformPointSampler(PointSampler):
     def indices(self, points, train, rng):
         n = len(points)
         return np.linspace(0, n - 1, min(self.num_points, n)).round().astype(np.int64)
+
+    def batch_indices(self, batch, points, gen):
+        return torch.from_numpy(self.indices(np.empty(points), False, None)).expand(batch, -1)
 
 
 @SAMPLERS.register("voxel")

@@ -7,7 +7,9 @@ points; the clouds of a split are saved together as one .npy under `cache_dir` (
 counts in a small .npz beside it, written last as the completion marker), keyed by the files (path,
 size, mtime) and the reading options, so an epoch never re-reads a file. The .npy is memory-mapped:
 a split larger than memory streams from disk through the page cache instead of being loaded whole.
-The card's sampler then draws `num_points` of those per sample (fresh draws in training).
+The card's sampler then draws `num_points` of those per sample (fresh draws in training). The
+`fps` sampler's coarse-to-fine orders are cached too, for a few start points per cloud (a second
+.npy beside the clouds), so a draw is an index, not a farthest-point search.
 A file that cannot be read is skipped and counted, or stops the run with its path (on_bad_sample)."""
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from .generated import generated_splits
 from .images import ScanReport
 from .layouts import folder_splits, label_indices, list_splits, modelnet_entries
 from .point_io import PointCloudError, guess_bin_width, is_point_file, read_points
-from .point_samplers import PointSampler, _fill, farthest_point_indices, get_point_sampler, normalize_unit_sphere
+from .point_samplers import (
+    FarthestPointSampler,
+    PointSampler,
+    _fill,
+    farthest_point_indices,
+    get_point_sampler,
+    normalize_unit_sphere,
+)
+from .timing import NO_SPLIT
 
 CACHE_VERSION = 2
 
@@ -72,6 +82,7 @@ class PointCloudDataset(torch.utils.data.Dataset):
             self.source_points, self.source_bytes = z["source_points"], z["source_bytes"]
             self.report.bad = [tuple(b) for b in json.loads(str(z["bad"]))]
         self.clouds = np.load(cache.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)
+        self.orders = self._fps_orders(cache, progress) if isinstance(sampler, FarthestPointSampler) else None
         if on_bad_sample == "fail" and self.report.bad:
             path, why = self.report.bad[0]
             raise EffvisionError(f"{why} (set data.on_bad_sample=skip to skip such files)")
@@ -79,6 +90,7 @@ class PointCloudDataset(torch.utils.data.Dataset):
             raise EffvisionError(f"every point-cloud file of the dataset is unreadable ({len(self.report.bad)} files)")
         self.targets = [int(t) for t in targets]
         self.transform = None
+        self.split = NO_SPLIT  # a benchmark's TimeSplit
 
     @staticmethod
     def _cache_file(entries, card) -> Path:
@@ -131,13 +143,45 @@ class PointCloudDataset(torch.utils.data.Dataset):
         atomic_write(cache.with_suffix(".npy"), write_clouds)
         atomic_write(cache, write_meta)  # last: the .npz marks the cache complete
 
+    def _fps_orders(self, cache: Path, progress) -> np.ndarray:
+        """(files, starts, num_points) coarse-to-fine FPS orders of every cached cloud, computed
+        once per (cache, num_points, starts) and memory-mapped; order 0 starts at the first point
+        (what evaluation sees), the others at random points seeded by the cloud's row."""
+        s = self.sampler
+        path = cache.with_name(f"{cache.stem}.fps{s.num_points}x{s.starts}.npy")
+        if not path.is_file():
+            points = self.clouds.shape[1]
+
+            def write(tmp: Path) -> None:
+                dtype = np.int16 if points <= np.iinfo(np.int16).max else np.int32
+                out = np.lib.format.open_memmap(
+                    tmp, mode="w+", dtype=dtype, shape=(len(self.clouds), s.starts, s.num_points)
+                )
+                for row in (progress or (lambda it, **_: it))(self.rows, description="farthest-point orders"):
+                    cloud = np.asarray(self.clouds[row])
+                    for k, start in enumerate(s.start_points(points, int(row))):
+                        out[row, k] = s.order(cloud, start)
+                out.flush()
+                del out
+
+            atomic_write(path, write)
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int):
         # the sampler draws afresh in training and the same points per sample otherwise
         rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())) if self.train else i)
-        points = self.sampler(np.asarray(self.clouds[self.rows[i]]), self.train, rng).points
+        row = self.rows[i]
+        with self.split("read"):
+            cloud = np.asarray(self.clouds[row])
+        with self.split("sample"):
+            if self.orders is not None:  # fps: one of the cloud's cached orders (the first one outside training)
+                k = int(rng.integers(self.orders.shape[1])) if self.train else 0
+                points = np.ascontiguousarray(cloud[self.orders[row, k]])
+            else:
+                points = self.sampler(cloud, self.train, rng).points
         return (self.transform(points) if self.transform else points), self.targets[i]
 
     def summary(self) -> dict:

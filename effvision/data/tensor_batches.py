@@ -1,66 +1,52 @@
-"""Training batches cut from a whole image split held as one uint8 tensor on the training device.
+"""Training batches cut from a whole split and augmented a batch at a time (no per-sample Python).
 
 airbench's data path: decode once, keep N x 3 x H x W uint8 where the model runs, and augment whole
 batches with tensor ops (mirror, translate with reflect padding). It replaces the per-sample
-DataLoader + transforms path, which on a small CPU costs more than a compact model's step.
+DataLoader + transforms path, which on a small CPU costs more than a compact model's step. A split
+too large for memory is decoded once into a memory-mapped file on disk (FFCV's idea), and batches
+are gathered from it through the page cache. Point clouds batch the same way (point_batches.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import EffvisionError
+from ..fileio import atomic_write
+from .timing import NO_SPLIT
+
+CACHE_VERSION = 1
 
 
-def _base_and_indices(ds) -> tuple[object, list[int]]:
-    """The in-memory dataset under any Subsets, and the indices into it of ds's samples."""
+def base_and_indices(ds) -> tuple[object, list[int]]:
+    """The dataset under any Subsets, and the indices into it of ds's samples."""
     if isinstance(ds, torch.utils.data.Subset):
-        base, inner = _base_and_indices(ds.dataset)
+        base, inner = base_and_indices(ds.dataset)
         return base, [inner[i] for i in ds.indices]
     return ds, list(range(len(ds)))
 
 
-def stack_images(ds, size: int) -> torch.Tensor:
-    """Every image of an image dataset as one uint8 tensor, resized (short side) and centre-cropped to size."""
-    from torchvision.transforms import v2
+class ShuffledBatches:
+    """(x, y, index) training batches like the DataLoader's (index: the sample's place in the split).
 
-    base, indices = _base_and_indices(ds)
-    if not hasattr(base, "image"):
-        raise EffvisionError("tensor_data needs an image dataset (it holds decoded images in memory)")
-    fit = v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
-    return torch.stack([img if tuple(img.shape[-2:]) == (size, size) else fit(img) for img in map(base.image, indices)])
+    A fresh permutation every epoch, full batches only; with world > 1 each rank takes its own
+    equal share of every epoch's permutation (the distributed sampler's job on the DataLoader path);
+    call set_epoch(e) before each epoch. Subclasses say how a batch of samples is made (`batch`)."""
 
+    path = "batched"
 
-class TensorBatches:
-    """(x, y, index) training batches like the DataLoader's, normalised float on `device`.
-
-    With world > 1 each rank takes its own equal share of every epoch's permutation (the
-    distributed sampler's job on the DataLoader path); call set_epoch(e) before each epoch."""
-
-    def __init__(
-        self,
-        images: torch.Tensor,
-        targets,
-        mean,
-        std,
-        batch_size: int,
-        device: torch.device,
-        seed: int = 0,
-        hflip: bool = True,
-        translate: int = 4,
-        rank: int = 0,
-        world: int = 1,
-    ):
-        self.images = images.to(device)
+    def __init__(self, targets, batch_size: int, device: torch.device, seed: int = 0, rank: int = 0, world: int = 1):
         self.targets = torch.as_tensor(targets, dtype=torch.long).to(device)
-        self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1) * 255
-        self.std = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1) * 255
-        self.batch_size, self.device, self.seed = batch_size, device, seed
-        self.hflip, self.translate, self.rank, self.world = hflip, translate, rank, world
-        self.per_rank = len(images) // world
+        self.batch_size, self.device, self.seed, self.rank, self.world = batch_size, device, seed, rank, world
+        self.per_rank = len(self.targets) // world
         if self.per_rank < 1:
-            raise EffvisionError(f"{len(images)} training samples cannot be shared by {world} processes")
+            raise EffvisionError(f"{len(self.targets)} training samples cannot be shared by {world} processes")
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -71,16 +57,60 @@ class TensorBatches:
 
     def __iter__(self):
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        perm = torch.randperm(len(self.images), generator=gen)[
+        perm = torch.randperm(len(self.targets), generator=gen)[
             self.rank * self.per_rank : (self.rank + 1) * self.per_rank
         ]
         self.epoch += 1  # an epoch not announced with set_epoch still gets a fresh order
         bs = min(self.batch_size, self.per_rank)
         for b in range(len(self)):
             idx = perm[b * bs : (b + 1) * bs]  # on the CPU: the loop indexes sample weights with it
-            on_device = idx.to(self.device)
-            x = self.augment(self.images[on_device].float(), gen)
-            yield (x - self.mean) / self.std, self.targets[on_device], idx
+            yield self.batch(idx, gen), self.targets[idx.to(self.device)], idx
+
+    def batch(self, idx: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TensorBatches(ShuffledBatches):
+    """Normalised float image batches on `device`, mirrored and translated per sample.
+
+    `images`: N x 3 x H x W uint8, a tensor (moved to `device`) or a NumPy memory map (gathered
+    batch by batch, then moved) whose row of sample i is rows[i]."""
+
+    def __init__(
+        self,
+        images,
+        targets,
+        mean,
+        std,
+        batch_size: int,
+        device: torch.device,
+        seed: int = 0,
+        hflip: bool = True,
+        translate: int = 4,
+        rank: int = 0,
+        world: int = 1,
+        rows=None,
+    ):
+        super().__init__(targets, batch_size, device, seed, rank, world)
+        self.mapped = isinstance(images, np.ndarray)
+        self.rows = np.arange(len(images)) if rows is None else np.asarray(rows, dtype=np.int64)
+        self.images = images if self.mapped else images.to(device)
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1) * 255
+        self.std = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1) * 255
+        self.hflip, self.translate = hflip, translate
+        self.path = "batched, memory-mapped decoded cache" if self.mapped else "batched, in memory"
+        self.split = NO_SPLIT  # a benchmark's TimeSplit
+
+    def batch(self, idx: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        with self.split("read"):
+            if self.mapped:
+                x = torch.from_numpy(self.images[self.rows[idx.numpy()]]).to(self.device)
+            else:
+                x = self.images[idx.to(self.device)]
+        with self.split("augment"):
+            x = self.augment(x.float(), gen)
+        with self.split("collate"):  # the per-sample path normalises in its transform
+            return (x - self.mean) / self.std
 
     def augment(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         n, _, h, w = x.shape
@@ -98,3 +128,57 @@ class TensorBatches:
             chans = torch.arange(x.shape[1], device=self.device)[None, :, None, None]
             x = padded[batch, chans, rows, cols]
         return x
+
+
+def _fitted(size: int):
+    from torchvision.transforms import v2
+
+    fit = v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
+    return lambda img: img if tuple(img.shape[-2:]) == (size, size) else fit(img)
+
+
+def _image_base(ds):
+    base, indices = base_and_indices(ds)
+    if not hasattr(base, "image"):
+        raise EffvisionError("batched training data needs an image dataset (it holds decoded images)")
+    return base, indices
+
+
+def stack_images(ds, size: int) -> torch.Tensor:
+    """Every image of an image dataset as one uint8 tensor, resized (short side) and centre-cropped to size."""
+    base, indices = _image_base(ds)
+    fit = _fitted(size)
+    return torch.stack([fit(base.image(i)) for i in indices])
+
+
+def decoded_bytes(ds, size: int) -> int:
+    return len(ds) * 3 * size * size
+
+
+def _cache_key(base, size: int) -> str:
+    source = getattr(base, "source", None)
+    if source is None:
+        raise EffvisionError("this image dataset has no files to key a decoded cache on; it must fit in memory")
+    st = source.path.stat()
+    ident = [CACHE_VERSION, str(source.path.resolve()), st.st_size, st.st_mtime_ns, base.samples, size]
+    return hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:20]
+
+
+def mapped_images(ds, size: int, cache_dir: str | Path, progress=None) -> tuple[np.ndarray, list[int]]:
+    """The whole split under ds decoded once to `<cache_dir>/images/<key>.npy` (N x 3 x size x
+    size uint8, written row by row, never whole in memory; renamed into place when complete, so
+    the processes of a run and later runs share it), memory-mapped; and the rows of ds's samples."""
+    base, indices = _image_base(ds)
+    path = Path(cache_dir).expanduser() / "images" / f"{_cache_key(base, size)}.npy"
+    if not path.is_file():
+        fit = _fitted(size)
+
+        def write(tmp: Path) -> None:
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(base), 3, size, size))
+            for i in (progress or (lambda it, **_: it))(range(len(base)), description="decoding to the image cache"):
+                out[i] = fit(base.image(i)).numpy()
+            out.flush()
+            del out
+
+        atomic_write(path, write)
+    return np.load(path, mmap_mode="r", allow_pickle=False), indices

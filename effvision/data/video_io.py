@@ -7,11 +7,13 @@ frame is never materialised."""
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -92,11 +94,26 @@ def target_size(width: int, height: int, short_side: int | None) -> tuple[int, i
     return max(short_side, round(width * short_side / height)), short_side
 
 
+@dataclass(frozen=True)
+class VideoInfo:
+    """What a dataset's scan learns of a file once (VideoDataset), so that reading a clip opens the
+    file once and never probes its size or counts its frames again."""
+
+    backend: str  # the backend that opened it
+    width: int
+    height: int
+    frames: int
+    fps: float = 0.0
+    keys: tuple[int, ...] | None = None  # key-frame indices, where the scan learnt them for free
+    in_order: bool = False  # PyAV: every packet decodes to its own frame at once (PyAVVideo)
+
+
 class Video:
     """One opened video: len() frames, fps, key-frame indices, frames(indices). `decoded` counts
     the frames the decoder handed back so far (what a sampler reports per clip)."""
 
     backend = ""
+    info: VideoInfo | None = None  # set when opened with a dataset scan's VideoInfo
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -170,33 +187,50 @@ class DecordVideo(Video):
 
 
 @contextmanager
-def _decoded(container):
-    """container.decode(video=0), with the demux generator under it closed on exit. PyAV 18.1's
-    demux frees its read packet and stream mask in a `finally` that does not run when decode() is
-    left early (a clip stops at its last frame): about 170 bytes of native memory stayed per
-    clip read, and RSS grew about 0.3 kB per read, linearly, over 50,000 reads (BENCHMARKS.md).
-    Closing demux ourselves runs that `finally`."""
+def _demuxed(container):
+    """container.demux(video=0), closed on exit. PyAV 18.1's demux frees its read packet and
+    stream mask in a `finally` that does not run when the generator is left early (a clip stops
+    at its last frame): about 170 bytes of native memory stayed per clip read, and RSS grew about
+    0.3 kB per read, linearly, over 50,000 reads (BENCHMARKS.md). Closing demux ourselves runs
+    that `finally`."""
     packets = container.demux(video=0)
     try:
-        yield (frame for packet in packets for frame in packet.decode())
+        yield (packet for packet in packets if packet.size)  # the empty packet at the end only flushes
     finally:
         packets.close()
+
+
+@contextmanager
+def _decoded(container):
+    """The frames of container.decode(video=0), with the demux under it closed on exit (_demuxed)."""
+    with _demuxed(container) as packets:
+        yield (frame for packet in packets for frame in packet.decode())
+
+
+PICTURE_TYPE_B = 3  # FFmpeg's AV_PICTURE_TYPE_B (PyAV 18 gives pict_type as its int)
 
 
 class PyAVVideo(Video):
     """Decodes sequentially (streams without an index cannot seek reliably), converting to RGB
     at the target size only the frames asked for; the frame count and key frames come from one
-    pass over the stream when the header does not carry them."""
+    pass over the stream when the header does not carry them. Where that pass found every packet
+    decoding to its own frame at once (no B-frames, no decoder delay: `in_order`), a read feeds
+    the decoder only the groups of pictures holding a frame it wants: seeking without an index."""
 
     backend = "pyav"
 
-    def __init__(self, path, size: tuple[int, int] | None = None):
+    def __init__(self, path, size: tuple[int, int] | None = None, info: VideoInfo | None = None):
         super().__init__(path)
         self.size = size
         self._count: int | None = None
         self._keys: list[int] | None = None
         self._fps = 0.0
-        self._header()
+        self.in_order = False
+        if info is None:
+            self._header()
+        else:  # the dataset's scan counted the frames: no header read, no counting pass
+            self._count, self._fps, self.in_order = info.frames, info.fps, info.in_order
+            self._keys = None if info.keys is None else list(info.keys)
 
     def _open(self):
         import av
@@ -217,21 +251,28 @@ class PyAVVideo(Video):
             self._count = stream.frames or None
 
     def _scan(self) -> None:
-        """Count frames and find key frames by decoding once (no RGB conversion)."""
-        count, keys = 0, []
-        with self._open() as container, _decoded(container) as decoded:
+        """Count frames and find key frames by decoding once (no RGB conversion), noting whether
+        each packet gave exactly its own frame."""
+        count, keys, packets_seen, in_order = 0, [], 0, True
+        with self._open() as container, _demuxed(container) as packets:
             try:
-                for frame in decoded:
-                    if frame.key_frame:
-                        keys.append(count)
-                    count += 1
+                for packet in packets:
+                    packets_seen += 1
+                    for frame in packet.decode():
+                        if frame.key_frame:
+                            keys.append(count)
+                        in_order &= int(frame.pict_type) != PICTURE_TYPE_B
+                        count += 1
+                    in_order &= count == packets_seen
             except Exception as exc:  # noqa: BLE001
                 if not count:
                     raise VideoError(f"{self.path}: decoding failed ({_first_line(exc)})") from None
+                in_order = False
         if not count:
             raise VideoError(f"{self.path}: the video has no frames")
         self.decoded += count  # this pass decoded every frame too: it counts
         self._count, self._keys = count, keys or [0]
+        self.in_order = in_order and bool(keys) and keys[0] == 0
 
     def __len__(self) -> int:
         if self._count is None:
@@ -249,16 +290,12 @@ class PyAVVideo(Video):
 
     def frames(self, indices: list[int]) -> np.ndarray:
         wanted, got = set(indices), {}
-        last = max(indices)
         width, height = self.size or (None, None)
-        with self._open() as container, _decoded(container) as decoded:
+        with self._open() as container:
             try:
-                for i, frame in enumerate(decoded):
-                    self.decoded += 1
+                for i, frame in self._frames_up_to(container, wanted, max(indices)):
                     if i in wanted:
                         got[i] = frame.to_ndarray(format="rgb24", width=width, height=height)
-                    if i >= last:
-                        break
             except Exception as exc:  # noqa: BLE001
                 raise VideoError(f"{self.path}: decoding failed at frame {len(got)} ({_first_line(exc)})") from None
         if not got:
@@ -266,6 +303,33 @@ class PyAVVideo(Video):
         # A stream shorter than its header said: reuse the last decoded frame for the missing tail.
         tail = got[max(got)]
         return np.stack([got.get(i, tail) for i in indices])
+
+    def _frames_up_to(self, container, wanted: set[int], last: int):
+        """(index, frame) of the decoded frames up to `last`: every one, or in an `in_order`
+        stream only those from the key frame before each wanted frame up to it."""
+        if not self.in_order:
+            with _decoded(container) as decoded:
+                for i, frame in enumerate(decoded):
+                    self.decoded += 1
+                    yield i, frame
+                    if i >= last:
+                        return
+            return
+
+        def group(i: int) -> int:
+            return bisect.bisect_right(self._keys, i) - 1
+
+        until: dict[int, int] = {}  # each needed group, decoded from its key frame to its last wanted frame
+        for i in wanted:
+            until[group(i)] = max(i, until.get(group(i), i))
+        with _demuxed(container) as packets:
+            for i, packet in enumerate(packets):
+                if i > last:
+                    return
+                if i <= until.get(group(i), -1):  # the rest is never decoded: a needed group starts at a key frame
+                    for frame in packet.decode():
+                        self.decoded += 1
+                        yield i, frame
 
 
 def decord_missing() -> str | None:
@@ -276,10 +340,30 @@ def decord_missing() -> str | None:
     return None
 
 
-def open_video(path: str | Path, short_side: int | None = None, backend: str = "auto") -> Video:
+def scan_video(path: str | Path, backend: str = "auto") -> VideoInfo:
+    """Open a file as a dataset scan does (header, frame count; for a stream without an index,
+    one decoding pass) and keep what later reads need."""
+    width, height = probe_size(path)
+    video = open_video(path, None, backend)
+    frames = len(video)  # first: a stream without an index counts its frames and key frames in one pass
+    if isinstance(video, DecordVideo):
+        return VideoInfo(video.backend, width, height, frames, video.fps, tuple(video.key_indices()))
+    keys = None if video._keys is None else tuple(video._keys)
+    return VideoInfo(video.backend, width, height, frames, video.fps, keys, video.in_order)
+
+
+def open_video(
+    path: str | Path, short_side: int | None = None, backend: str = "auto", info: VideoInfo | None = None
+) -> Video:
     """Open a video for decoding at `short_side` (None: the stored size). `auto` tries decord,
-    then PyAV; the error of the last backend tried is raised, naming the file."""
+    then PyAV; the error of the last backend tried is raised, naming the file. With the file's
+    `info` from a dataset scan, the backend that opened it then is used and nothing is probed."""
     path = Path(path)
+    if info is not None and backend in ("auto", info.backend):
+        size = target_size(info.width, info.height, short_side) if short_side else None
+        video = DecordVideo(path, size) if info.backend == "decord" else PyAVVideo(path, size, info)
+        video.info = info
+        return video
     if not path.is_file():
         raise VideoError(f"video not found: {path}")
     size = target_size(*probe_size(path), short_side) if short_side else None

@@ -27,39 +27,69 @@ import torch
 
 from ..device import resident_bytes
 from .frame_samplers import get_sampler, segment_indices
-from .video_io import is_video
+from .timing import NO_SPLIT, TimeSplit
+from .video_io import is_video, scan_video
 from .videos import VideoDataset
 
 
-def decode_all_then_subsample(path: Path, frames: int, size: int) -> np.ndarray:
+def decode_all_then_subsample(path: Path, frames: int, size: int, split=NO_SPLIT) -> tuple[np.ndarray, list[int]]:
     """Every frame decoded and converted to full-size RGB, then TSN's centre frames kept and
     resized (short side `size`): what a loader without random access or decode-time resize does."""
     import av
     from torchvision.transforms.v2 import functional as TF
 
-    with av.open(str(path)) as container:
-        every = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-    keep = segment_indices(len(every), frames, False, np.random.default_rng(0))
-    clip = torch.from_numpy(np.stack([every[i] for i in keep])).permute(0, 3, 1, 2)
-    return TF.resize(clip, size, antialias=True).permute(0, 2, 3, 1).numpy()
+    with split("read"):
+        container = av.open(str(path))
+    with container:
+        with split("decode"):
+            every = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    with split("sample"):
+        keep = segment_indices(len(every), frames, False, np.random.default_rng(0))
+        clip = torch.from_numpy(np.stack([every[i] for i in keep])).permute(0, 3, 1, 2)
+        return TF.resize(clip, size, antialias=True).permute(0, 2, 3, 1).numpy(), keep
 
 
 def measure(files: list[Path], frames: int, size: int, rounds: int, sampler: str = "tsn") -> dict:
+    """Both ways over the same files, alternating round by round; the sampled way reads through
+    each file's scan (VideoInfo, as VideoDataset keeps it), which is timed once, apart."""
     s = get_sampler(sampler, frames)
-    methods = {
-        f"{sampler} sampler, decode-time resize": lambda p: s.clip(p, size).frames,
-        "PyAV decode every frame, then subsample": lambda p: decode_all_then_subsample(p, frames, size),
-    }
+    start = time.perf_counter()
+    infos = {p: scan_video(p) for p in files}
+    scan_s = time.perf_counter() - start
+    names = (f"{sampler} sampler, decode-time resize, file scanned once", "PyAV decode every frame, then subsample")
+    splits = {name: TimeSplit() for name in names}
+    decoded = {name: [] for name in names}
+    mismatched: set[str] = set()
+
+    def sampled(p: Path, split) -> np.ndarray:
+        s.split = split
+        c = s.clip(p, size, info=infos[p])
+        decoded[names[0]].append(c.decoded)
+        if sampler == "tsn" and c.indices != segment_indices(infos[p].frames, frames, False, np.random.default_rng(0)):
+            mismatched.add(p.name)
+        return c.frames
+
+    def everything(p: Path, split) -> np.ndarray:
+        out, keep = decode_all_then_subsample(p, frames, size, split)
+        decoded[names[1]].append(infos[p].frames)
+        if sampler == "tsn" and keep != segment_indices(infos[p].frames, frames, False, np.random.default_rng(0)):
+            mismatched.add(p.name)  # the file decodes to another frame count than its scan said
+        return out
+
+    methods = dict(zip(names, (sampled, everything), strict=True))
     for fn in methods.values():  # warm-up: imports, codec initialisation, file cache
-        fn(files[0])
+        fn(files[0], NO_SPLIT)
+    for name in names:
+        decoded[name].clear()
     rates: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(rounds):
         for name, fn in methods.items():
             start = time.perf_counter()
             for p in files:
-                out = fn(p)
+                out = fn(p, splits[name])
                 assert out.shape[0] == frames and min(out.shape[1:3]) == size
             rates[name].append(len(files) / (time.perf_counter() - start))
+    s.split = NO_SPLIT
     medians = {name: statistics.median(r) for name, r in rates.items()}
     fast, slow = medians.values()
     return {
@@ -67,8 +97,12 @@ def measure(files: list[Path], frames: int, size: int, rounds: int, sampler: str
         "frames": frames,
         "size": size,
         "rounds": rounds,
+        "scan_s": scan_s,
         "clips_per_s_median": medians,
         "clips_per_s_all": rates,
+        "decoded_frames_per_clip": {name: statistics.mean(d) for name, d in decoded.items()},
+        "split": {name: sp.shares() for name, sp in splits.items()},
+        "frames_differ": sorted(mismatched),
         "speedup": fast / slow,
     }
 

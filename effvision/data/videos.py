@@ -1,9 +1,11 @@
 """Video datasets: a class-per-folder tree of video files, or an annotation list (`relative/path
 label` lines as UCF101/Kinetics lists use, or CSV), decoded clip by clip through a frame sampler.
 
-Each file is opened once when the dataset is built (container header only, no decoding): a file
-that is not a video is skipped and counted, or stops the run with its path (on_bad_sample). A file
-that opens but fails to decode later is handled the same way when it is read."""
+Each file is opened once when the dataset is built (container header, frame count and key frames;
+a stream without an index is decoded once to count them) and what was learnt is kept, so a clip
+read opens its file once and decodes only what the sampler asks for. A file that is not a video is
+skipped and counted, or stops the run with its path (on_bad_sample). A file that opens but fails
+to decode later is handled the same way when it is read."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from .frame_samplers import FrameSampler, get_sampler
 from .generated import generated_splits
 from .images import ScanReport
 from .layouts import folder_splits, label_indices, list_splits
-from .video_io import VideoError, is_video, open_video
+from .video_io import VideoError, VideoInfo, is_video, scan_video
 
 
 class VideoDataset(torch.utils.data.Dataset):
@@ -49,13 +51,15 @@ class VideoDataset(torch.utils.data.Dataset):
         self.on_bad_sample = on_bad_sample
         self.report = ScanReport(total=len(entries))
         self.samples: list[tuple[Path, int]] = []
+        self.info: list[VideoInfo] = []
         for path, label in (progress or (lambda it, **_: it))(entries, description="opening videos"):
             try:
-                open_video(path, None, backend)
+                info = scan_video(path, backend)
             except VideoError as exc:
                 self._bad(path, exc)
                 continue
             self.samples.append((path, label))
+            self.info.append(info)
         if not self.samples:
             raise EffvisionError(f"every video of the dataset is unreadable ({len(self.report.bad)} files)")
         self.targets = [label for _, label in self.samples]
@@ -79,10 +83,11 @@ class VideoDataset(torch.utils.data.Dataset):
     def read(self, i: int, position: float = 0.5) -> tuple[torch.Tensor, int]:
         """clip(i, position) and the frames decoded to make it (what the sampler cost)."""
         for k in range(len(self.samples)):
-            path, _ = self.samples[(i + k) % len(self.samples)]
+            j = (i + k) % len(self.samples)
+            path, _ = self.samples[j]
             rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())) if self.train else i)
             try:
-                c = self.sampler.clip(path, self.short_side, self.train, rng, self.backend, position)
+                c = self.sampler.clip(path, self.short_side, self.train, rng, self.backend, position, self.info[j])
             except VideoError as exc:
                 self._bad(path, exc, decoding=True)
                 continue

@@ -43,10 +43,13 @@ class TrainSettings(Strict):
     hard_fraction: Optional[float] = Field(
         None, gt=0, le=1, description="selective backprop: train on this highest-loss fraction of each batch"
     )
-    # Image tricks (airbench's craft); they are errors for other modalities.
-    tensor_data: bool = Field(
-        False,
-        description="hold the training split as one uint8 tensor on the device; flip + translate on whole batches",
+    # Data-path and image tricks (airbench's craft); the image ones are errors for other modalities.
+    tensor_data: Optional[bool] = Field(
+        None,
+        description="batched training data: the split held as one tensor (images; a memory-mapped decoded cache "
+        "when it does not fit memory) or read from the point cache, augmented whole batches at a time. Default: "
+        "wherever the data allows (images cropped `pad`, points not voxel-sampled); false: the per-sample "
+        "DataLoader path",
     )
     translate: Optional[int] = Field(
         None,

@@ -50,6 +50,8 @@ class FitResult:
     processes: int = 1
     max_param_difference: Optional[float] = None  # across ranks after multi-process training (0 when in sync)
     features: Optional[dict] = None  # the layers feature distillation matched, and how they were chosen
+    data_path: str = ""  # how training batches were made (data_path())
+    samples: int = 0  # training samples stepped on (this process)
 
     def metrics(self, s: TrainSettings) -> dict:
         """What a training stage records beside accuracy and time-to-accuracy."""
@@ -61,6 +63,10 @@ class FitResult:
             "eval_s": round(self.eval_s, 3),
             "compile_s": round(self.compile_s, 3),
             "processes": self.processes,
+            "data": {
+                "path": self.data_path,
+                "train_samples_per_s": round(self.samples / self.train_s, 1) if self.train_s > 0 else None,
+            },
             "history": self.history,
         }
         if self.accuracy_tta is not None:
@@ -145,9 +151,12 @@ def hardest(losses: torch.Tensor, fraction: float) -> torch.Tensor:
 
 def check_tricks(s: TrainSettings, data) -> None:
     """The image tricks need images (mirror averaging also suits video); say so before any work."""
-    used = [k for k in ("tensor_data", "whiten", "progressive_sizes") if getattr(s, k)]
+    used = ["tensor_data"] if s.tensor_data and data.modality == "video" else []
+    used += [k for k in ("whiten", "progressive_sizes") if getattr(s, k)]
     if data.modality != "image" and used:
-        raise EffvisionError(f"{', '.join(used)}: image-only training options, the data is {data.modality}")
+        raise EffvisionError(
+            f"{', '.join(used)}: training options for images (tensor_data also for points), the data is {data.modality}"
+        )
     if s.tta_flip and (data.modality == "points" or not data.card.hflip):
         why = (
             "the data is points"
@@ -158,11 +167,21 @@ def check_tricks(s: TrainSettings, data) -> None:
 
 
 def train_batches(data, s: TrainSettings, device: torch.device, seed: int, rank: int, world: int):
-    """This rank's training batches: from a device-resident uint8 tensor, or the DataLoader."""
+    """This rank's training batches: made a whole batch at a time where the data allows it (and
+    tensor_data is not false), else by the per-sample DataLoader."""
     bs = max(1, (s.batch_size or data.config.batch_size) // world)  # batch_size is the global batch
-    if s.tensor_data:
-        return data.tensor_train_loader(bs, device, seed=seed, translate=s.translate, rank=rank, world=world)
+    if s.tensor_data is not False:
+        batches = data.batched_train_loader(
+            bs, device, seed=seed, translate=s.translate, rank=rank, world=world, required=bool(s.tensor_data)
+        )
+        if batches is not None:
+            return batches
     return data.train_loader(bs, seed=seed, with_index=True, rank=rank, world=world)
+
+
+def data_path(loader) -> str:
+    """How the training batches were made, for the report."""
+    return getattr(loader, "path", None) or f"per-sample DataLoader, {loader.num_workers} workers"
 
 
 def set_epoch(loader, epoch: int) -> None:
@@ -254,7 +273,7 @@ def fit(
     loader = train_batches(data, s, device, seed, rank, world)
     weights = data.train_weights
     val_loader = data.val_loader()
-    result = FitResult(accuracy=0.0, processes=world)
+    result = FitResult(accuracy=0.0, processes=world, data_path=data_path(loader))
     start = time.perf_counter()
     if s.whiten:
         whiten_first_conv(model, whitening_sample(data).to(device))
@@ -351,6 +370,7 @@ def fit(
                     ema.update(model, step=sched.last_epoch)
                 loss_sum += loss.item() * len(y)
                 seen += len(y)
+                result.samples += len(y)
                 steps += 1
                 if bar:
                     bar.update(task, advance=1, info=f"epoch {epoch + 1}/{s.epochs} loss {loss_sum / seen:.3f}")
