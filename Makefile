@@ -95,9 +95,17 @@ bench-points: $(STAMP)
 	$(BIN)/python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024 --rounds 3 --dataset synthetic-shapes --json runs/point-loader.json
 	$(BIN)/effvision compress compress/points-default.yaml --run-dir runs/points-default
 
-# Data efficiency (BENCHMARKS.md): coreset selection on CIFAR-10 (about 55 min on 2 cores), the
-# training split compressed at several levels, and calibration sets of the digits demo.
+# Data efficiency (BENCHMARKS.md): image training data per sample against batched, coreset
+# selection on CIFAR-10 (the cheap default proxy, then the expensive one, at budget 0.5; then the
+# whole sweep), the training split compressed at several levels, and calibration sets of the
+# digits demo.
 bench-data: $(STAMP)
+	$(BIN)/python -m effvision.studies.image_loader_bench compress/cifar10.yaml --set data.root=../shared/datasets --rounds 2 --json runs/image-loader.json
+	$(BIN)/effvision study selection compress/cifar10-selection.yaml --set data.root=../shared/datasets --seeds 3 --budgets 0.5 \
+	  --methods random,forgetting:keep=easy,el2n:keep=easy --out runs/study-selection-cheap
+	$(BIN)/effvision study selection compress/cifar10-selection.yaml --set data.root=../shared/datasets --seeds 3 --budgets 0.5 \
+	  --set stages.0.proxy.width=1 --set stages.0.proxy.scores=pass --set stages.0.proxy.progressive_sizes=null \
+	  --set stages.0.proxy.channels_last=true --methods random,forgetting:keep=easy,el2n:keep=easy --out runs/study-selection-expensive
 	$(BIN)/effvision study selection compress/cifar10-selection.yaml --set data.root=../shared/datasets --seeds 3 --out runs/study-selection-cifar10
 	$(BIN)/effvision study selection compress/cifar10-selection.yaml --set data.root=../shared/datasets --seeds 3 --out runs/study-selection-cifar10 \
 	  --methods random,el2n,forgetting,kcenter,gradient_clusters,el2n:keep=easy,forgetting:keep=easy

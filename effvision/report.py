@@ -225,6 +225,13 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def _data_path(stage: dict) -> str:
+    """How a training stage's batches were made, and the samples per second it trained at."""
+    d = stage["data"]
+    rate = d.get("train_samples_per_s")
+    return f"{stage['name']} {d['path']}" + (f", {rate:,.0f} samples/s" if rate else "")
+
+
 def to_markdown(report: dict) -> str:
     head, rows = table_rows(report)
     out = [f"# effvision report: {report['run_dir']}", "", f"Recipe: `{report['recipe']}`"]
@@ -243,6 +250,9 @@ def to_markdown(report: dict) -> str:
     out += headline_lines(report)
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
+    trained = [s for s in report["stages"] if (s.get("data") or {}).get("path")]
+    if trained:
+        out += ["", "Training data: " + "; ".join(_data_path(s) for s in trained) + "."]
     for s in report["stages"]:
         if s["type"] in ("quantize", "qat") and s.get("decision"):
             out += ["", f"Int8 ({s['name']}): {s['decision']}."] + _int8_details(s)

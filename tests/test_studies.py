@@ -39,6 +39,15 @@ def test_selection_study_tables_every_method_and_resumes(tmp_path, monkeypatch):
     assert (tmp_path / "selection.png").stat().st_size > 1000 and "| kcenter |" in (
         tmp_path / "selection.md"
     ).read_text()
+    # end to end: a selector's seconds include the scoring, random's do not
+    e2e, scoring = summary["end_to_end"], [r for r in saved["rows"] if r["kind"] == "scoring"]
+    proxy_s = sum(r["proxy_train_s"] + r["scoring_s"] for r in scoring) / len(scoring)
+    for budget in ("0.25", "60"):
+        assert e2e[f"kcenter@{budget}"]["seconds"] == pytest.approx(
+            proxy_s + summary["train_s"]["kcenter"][budget][0], abs=2e-3
+        )
+        assert e2e[f"random@{budget}"]["seconds"] == pytest.approx(summary["train_s"]["random"][budget][0], abs=2e-3)
+    assert "End to end at budget 60 (scoring included): best selector" in (tmp_path / "selection.md").read_text()
 
     def no_training(*a, **k):
         raise AssertionError("a finished row was measured again")

@@ -8,6 +8,7 @@ recipe's train stage. Random selection is always included. Training time exclude
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -205,9 +206,23 @@ def summarize(rows: list[dict], methods: list[str], budgets: list) -> dict:
                 if -diff > max(sd, rsd)
                 else "within noise of random"
             ) + f" ({diff:+.4f})"
+    scoring_s = (
+        statistics.mean(s["proxy_train_s"] + s["scoring_s"] for s in scoring) if scoring else 0.0
+    )  # one proxy scores for every selector
+    end_to_end = {  # seconds from nothing to a trained model, and its accuracy
+        f"{m}@{b}": {
+            "seconds": round((0.0 if m == "random" else scoring_s) + train_s[m][str(b)][0], 3),
+            "accuracy": acc[m][str(b)][0],
+        }
+        for m in methods
+        for b in budgets
+    }
+    wall = [s["wall_s"] / next(f["train_s"] for f in full if f["seed"] == s["seed"]) for s in scoring if "wall_s" in s]
     return {
         "full": mean_std(r["accuracy"] for r in full),
         "full_train_s": full_s,
+        "end_to_end": end_to_end,
+        "scoring_wall_overhead": mean_std(wall) if wall else None,
         "accuracy": acc,
         "train_s": train_s,
         "scoring_overhead": mean_std(overhead) if overhead else None,
@@ -231,9 +246,26 @@ def to_markdown(summary: dict, methods: list[str], budgets: list, seeds: int) ->
     ]
     if summary["scoring_overhead"]:
         o, p, s = summary["scoring_overhead"], summary["proxy_train_s"], summary["scoring_s"]
+        w = summary.get("scoring_wall_overhead")
         lines.append(
             f"Scoring overhead (proxy training {p[0]:.0f} s + scoring {s[0]:.0f} s): {o[0]:.2f} ± {o[1]:.2f} of "
-            "full-data training time."
+            "full-data training time"
+            + (
+                f"; {w[0]:.2f} ± {w[1]:.2f} counting all of its wall time (building the proxy, evaluation)."
+                if w
+                else "."
+            )
+        )
+    e2e = summary.get("end_to_end") or {}
+    for b in budgets if e2e else ():
+
+        def run(m: str, b=b) -> str:
+            return f"{m} {e2e[f'{m}@{b}']['seconds']:.0f} s → {e2e[f'{m}@{b}']['accuracy']:.4f}"
+
+        best = max((m for m in methods if m != "random"), key=lambda m: e2e[f"{m}@{b}"]["accuracy"], default=None)
+        shown = ([f"best selector {run(best)}"] if best else []) + [run("random")]
+        lines.append(
+            f"End to end at budget {b} (scoring included): {', '.join(shown)}; all data {fs[0]:.0f} s → {full[0]:.4f}."
         )
     lines.append(
         "Against random (difference of means; 'beats' only when larger than either std): "

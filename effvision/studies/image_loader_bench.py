@@ -4,7 +4,7 @@ default now), alternating round by round: the loader alone, with the split of it
 training epoch of the recipe's first training stage (its model freshly initialised), so the
 figure is what training runs at (BENCHMARKS.md).
 
-    python -m effvision.data.image_loader_bench compress/cifar10.yaml --set data.root=../shared/datasets
+    python -m effvision.studies.image_loader_bench compress/cifar10.yaml --set data.root=../shared/datasets
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from .. import stages  # noqa: F401  (registers the stage types a recipe names)
+    from ..data import load_dataset
+    from ..data.tensor_batches import base_and_indices
+    from ..data.timing import NO_SPLIT, TimeSplit
     from ..models import create_model
     from ..recipe import load_recipe
     from ..train import fit
     from ..train.loop import train_batches
-    from . import load_dataset
-    from .tensor_batches import base_and_indices
-    from .timing import NO_SPLIT, TimeSplit
 
     recipe = load_recipe(args.recipe, args.sets)
     stage = next(s for s in recipe.stages if s.type == "train")
