@@ -195,7 +195,7 @@ def _demuxed(container):
     that `finally`."""
     packets = container.demux(video=0)
     try:
-        yield (packet for packet in packets if packet.size)  # the empty packet at the end only flushes
+        yield packets
     finally:
         packets.close()
 
@@ -257,7 +257,7 @@ class PyAVVideo(Video):
         with self._open() as container, _demuxed(container) as packets:
             try:
                 for packet in packets:
-                    packets_seen += 1
+                    packets_seen += bool(packet.size)  # the empty one at the end flushes a decoder's delay
                     for frame in packet.decode():
                         if frame.key_frame:
                             keys.append(count)
@@ -323,7 +323,8 @@ class PyAVVideo(Video):
         for i in wanted:
             until[group(i)] = max(i, until.get(group(i), i))
         with _demuxed(container) as packets:
-            for i, packet in enumerate(packets):
+            # in order: packet i is frame i, and no decoder delay leaves frames for the final flush
+            for i, packet in enumerate(p for p in packets if p.size):
                 if i > last:
                     return
                 if i <= until.get(group(i), -1):  # the rest is never decoded: a needed group starts at a key frame
