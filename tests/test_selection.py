@@ -339,9 +339,12 @@ def test_calibration_scores_a_bounded_pool(monkeypatch):
         selection, "embeddings_and_probs", lambda m, loader, d: seen.append(len(loader.dataset)) or real(m, loader, d)
     )
     model = create_model("cifar_resnet8", width=0.25)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     idx = selection.calibration_indices(
         data, CalibrationConfig(selector="kcenter", n=8, pool=16), model, torch.device("cpu"), seed=2
     )
     assert seen == [16] and len(set(idx.tolist())) == 8 and max(idx) < len(data.train)
+    after = model.state_dict()  # the model being quantized scores as it is: not narrowed, not changed
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     plain = selection.calibration_indices(data, CalibrationConfig(n=8), model, torch.device("cpu"))
     assert seen == [16] and len(plain) == 8  # class_balanced needs no model output at all

@@ -30,7 +30,10 @@ class ProxyConfig(TrainSettings):
     )
     kwargs: dict[str, Any] = Field(default_factory=dict)
     width: float = Field(
-        0.5, gt=0, le=1, description="the proxy's channels as a fraction of its model's (uniform pruning); 1: as is"
+        0.5,
+        gt=0,
+        le=1,
+        description="the proxy's channels as a fraction of its model's (uniform pruning) when it trains; 1: as is",
     )
     epochs: int = Field(2, ge=0)
     runs: int = Field(1, ge=1, description="proxy runs (seeds) whose probabilities and EL2N scores are averaged")
@@ -132,7 +135,9 @@ def score(
     from_training = proxy.scores == "training" and proxy.epochs > 0
     emb = None
     for run in range(proxy.runs):
-        model = narrowed(make_proxy(), proxy.width)
+        # narrowed only when it trains: with epochs 0 the model scores as it is (make_proxy may give
+        # the model being compressed itself, which must not change)
+        model = narrowed(make_proxy(), proxy.width) if proxy.epochs else make_proxy()
         probs = None
         if proxy.epochs:
             counter, last = ForgettingCounter(len(targets)), LastPresentation(len(targets), data.num_classes)
@@ -218,5 +223,6 @@ def calibration_indices(
             "class_balanced", Signals(np.asarray(data.train.targets), data.num_classes), max(cfg.pool, n), seed=seed
         ).indices
         data = data.with_train_subset(pool)
-    sel, _ = choose(data, cfg.selector, n, cfg.options, ProxyConfig(epochs=0), lambda: model, device, seed)
+    scorer = ProxyConfig(epochs=0, width=1.0)  # the model being quantized, whole and untouched
+    sel, _ = choose(data, cfg.selector, n, cfg.options, scorer, lambda: model, device, seed)
     return sel.indices if pool is None else pool[sel.indices]
