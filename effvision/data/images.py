@@ -189,6 +189,7 @@ class TensorImageDataset(torch.utils.data.Dataset):
         self.images, self.targets, self.classes = images, list(targets), classes
         self.transform = None
         self.report = ScanReport(total=len(targets))
+        self.split = NO_SPLIT  # a benchmark's TimeSplit
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -197,5 +198,6 @@ class TensorImageDataset(torch.utils.data.Dataset):
         return self.images[i]
 
     def __getitem__(self, i: int):
-        img = self.images[i]
+        with self.split("read"):
+            img = self.images[i]
         return (self.transform(img) if self.transform else img), self.targets[i]

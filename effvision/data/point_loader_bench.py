@@ -24,7 +24,7 @@ import torch
 from ..models.points import farthest_point_sample
 from .point_io import POINT_EXTS, guess_bin_width, read_points
 from .point_samplers import farthest_point_indices, normalize_unit_sphere
-from .timing import NO_SPLIT, TimeSplit
+from .timing import NO_SPLIT, TimeSplit, format_shares, timed_pass
 
 
 def _width(path: Path) -> int:
@@ -77,19 +77,6 @@ def measure(files: list[Path], points: int, rounds: int) -> dict:
     }
 
 
-def _pass(loader, split: TimeSplit, timed_inside: bool) -> tuple[float, int]:
-    """Seconds and samples of one pass over a loader; for the per-sample DataLoader (whose
-    dataset times its own parts) what its parts leave over is the DataLoader's collation."""
-    t, n = time.perf_counter(), 0
-    before = sum(split.seconds.values())
-    for x, *_ in loader:
-        n += len(x)
-    seconds = time.perf_counter() - t
-    if not timed_inside:
-        split.seconds["collate"] += seconds - (sum(split.seconds.values()) - before)
-    return seconds, n
-
-
 def cached_loader(dataset: str, points: int, rounds: int, batch_size: int = 32) -> dict:
     """Samples per second of full passes over a card's training data, three ways, alternating
     round by round: batched (the training default), per sample with the cached farthest-point
@@ -115,7 +102,7 @@ def cached_loader(dataset: str, points: int, rounds: int, batch_size: int = 32) 
             base.orders = orders
             base.split = NO_SPLIT if loader is batched else splits[name]
             batched.split = splits[name] if loader is batched else NO_SPLIT
-            seconds, n = _pass(loader, splits[name], timed_inside=loader is batched)
+            seconds, n = timed_pass(loader, splits[name])
             rates[name].append(n / seconds)
     base.orders, base.split, batched.split = cached_orders, NO_SPLIT, NO_SPLIT
     return {
@@ -144,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| file | points | ours: torch FPS (in-network) ms | open3d FPS ms |\n|---|---|---|---|")
     for r in result["fps"]:
         print(f"| {r['file'][:40]} | {r['points_in']} | {r['torch_ms']:.1f} | {r['open3d_ms']:.1f} |")
-    cold = ", ".join(f"{p} {v:.0%}" for p, v in result["loader_split"].items())
+    cold = format_shares(result["loader_split"])
     print(f"cold (read, normalise, FPS to {args.points}): {result['loader_samples_per_s']:.1f} samples/s ({cold})")
     if args.dataset:
         result["cached"] = cached_loader(args.dataset, args.points, args.rounds)
@@ -152,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.dataset} training data (cache, FPS to {args.points}, augment, batch {c['batch_size']}):")
         print("| way | samples/s (median) | time split |\n|---|---|---|")
         for name, rate in c["samples_per_s"].items():
-            split = ", ".join(f"{p} {v:.0%}" for p, v in c["split"][name].items())
+            split = format_shares(c["split"][name])
             print(f"| {name} | {rate:.1f} | {split} |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

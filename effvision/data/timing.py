@@ -28,8 +28,24 @@ class TimeSplit:
         total = sum(self.seconds.values()) or 1.0
         return {p: self.seconds[p] / total for p in PARTS if p in self.seconds}
 
-    def line(self) -> str:
-        return ", ".join(f"{p} {share:.0%}" for p, share in self.shares().items()) or "nothing timed"
+
+def format_shares(shares: dict[str, float]) -> str:
+    """'read 12%, augment 80%, ...' of TimeSplit.shares()."""
+    return ", ".join(f"{p} {share:.0%}" for p, share in shares.items()) or "nothing timed"
+
+
+def timed_pass(loader, split: TimeSplit) -> tuple[float, int]:
+    """Seconds and samples of one pass over a training loader whose parts are timed into `split`.
+    A batched loader (one with a `split` of its own) times every part itself; under the per-sample
+    DataLoader the dataset times what it does, and what the parts leave over is its collation."""
+    start, n = time.perf_counter(), 0
+    before = sum(split.seconds.values())
+    for x, *_ in loader:
+        n += len(x)
+    seconds = time.perf_counter() - start
+    if not hasattr(loader, "split"):
+        split.seconds["collate"] += seconds - (sum(split.seconds.values()) - before)
+    return seconds, n
 
 
 class _NoSplit:

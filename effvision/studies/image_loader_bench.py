@@ -13,25 +13,11 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 WAYS = {"per-sample DataLoader": False, "batched": None}
-
-
-def loader_pass(loader, split) -> float:
-    """Images per second of one pass; the per-sample path's parts are timed by its dataset, and
-    what they leave over is the DataLoader's collation."""
-    start, n = time.perf_counter(), 0
-    before = sum(split.seconds.values())
-    for x, *_ in loader:
-        n += len(x)
-    seconds = time.perf_counter() - start
-    if not hasattr(loader, "split"):
-        split.seconds["collate"] += seconds - (sum(split.seconds.values()) - before)
-    return n / seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from .. import stages  # noqa: F401  (registers the stage types a recipe names)
     from ..data import load_dataset
     from ..data.tensor_batches import base_and_indices
-    from ..data.timing import NO_SPLIT, TimeSplit
+    from ..data.timing import NO_SPLIT, TimeSplit, format_shares, timed_pass
     from ..models import create_model
     from ..recipe import load_recipe
     from ..train import fit
@@ -67,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             base.split = NO_SPLIT if batched else splits[name]
             if batched:
                 loader.split = splits[name]
-            loader_rates[name].append(loader_pass(loader, splits[name]))
+            seconds, n = timed_pass(loader, splits[name])
+            loader_rates[name].append(n / seconds)
             base.split = NO_SPLIT
             m = recipe.model
             model = create_model(m.name, data.num_classes, input_size=data.input_size, **m.kwargs)
@@ -89,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print("| way | loader images/s | training images/s | loader time split |\n|---|---|---|---|")
     for n in WAYS:
-        split = ", ".join(f"{p} {v:.0%}" for p, v in result["split"][n].items())
+        split = format_shares(result["split"][n])
         print(f"| {n} | {result['loader_images_per_s'][n]:.0f} | {result['train_images_per_s'][n]:.0f} | {split} |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
