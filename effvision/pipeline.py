@@ -1,7 +1,11 @@
 """The stage runner: one stage after another into a run folder, resuming after the last
 completed stage. A stage is complete once its metrics.json exists (written last, atomically) and
 every artifact it names is there; the report is written after the last stage, so a run folder
-with a report.json holds a finished run. One process writes a run folder at a time (runlock)."""
+with a report.json holds a finished run. One process writes a run folder at a time (runlock).
+
+Inside a stage that trains, epoch checkpoints (train/checkpoint.py) live in the stage folder's
+resume/: a stage cut short keeps them for its next attempt, with the same inputs, and drops them
+once complete. A stop signal ends the run with one line saying what was kept (RunInterrupted)."""
 
 from __future__ import annotations
 
@@ -20,13 +24,20 @@ from . import yamlio
 from .device import resolve_device
 from .errors import EffvisionError
 from .fileio import read_json, write_json, write_text
+from .interrupts import Interrupted
 from .progress import log
 from .recipe import Recipe, recipe_to_dict
 from .registry import STAGES
 from .runlock import private_run_dir, run_lock
 from .stage import StageResult
+from .train.checkpoint import RESUME_DIR
 
 INIT_DIR = "0-init"
+RESUME_MARK = "stage.json"  # in a stage's resume/ folder: the fingerprint its checkpoints were taken under
+
+
+class RunInterrupted(Interrupted):
+    """A stop signal ended a pipeline run; reason says what the run folder kept."""
 
 
 def _hash(*parts: Any) -> str:
@@ -117,6 +128,12 @@ class RunContext:
         # Saved with every checkpoint, so `effvision export` calibrates on the data the model knows.
         model.effvision_spec["data"] = {"name": d.name, "root": d.root, "image_size": d.image_size}
         return model
+
+    def epoch_checkpoint(self, label: str, every: int):
+        """Where this stage's training call `label` keeps its epoch checkpoints (None: every is 0)."""
+        from .train.checkpoint import for_stage
+
+        return for_stage(self.stage_dir, label, every)
 
     def rel(self, path: Path) -> str:
         return str(Path(path).relative_to(self.run_dir))
@@ -260,7 +277,26 @@ def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: 
         if target is not None and not isinstance(target, bool):
             check_target(target, device)  # before the run folder is touched
     with private_run_dir(Path(run_dir or Path("runs") / recipe.name)) as own_dir, run_lock(own_dir):
-        return _run_stages(recipe, own_dir, only_types)
+        try:
+            return _run_stages(recipe, own_dir, only_types)
+        except (KeyboardInterrupt, Interrupted) as stop:
+            raise _interrupted(stop, own_dir) from None
+
+
+def _interrupted(stop: BaseException, run_dir: Path) -> RunInterrupted:
+    """What a stopped run kept: its completed stages and the last epoch checkpoint of the stage it was in."""
+    from .train.checkpoint import last_saved
+
+    if isinstance(stop, Interrupted):
+        why, code = stop.reason, stop.exit_code
+    else:  # SIGINT under Python's own handler
+        why, code = "interrupted by SIGINT", 130
+    done = sorted(p.parent.name for p in run_dir.glob("stages/*/metrics.json") if p.parent.name != INIT_DIR)
+    kept = f"{len(done)} completed stage{'s' if len(done) != 1 else ''}"
+    saved = Path(last_saved["path"]) if last_saved else None
+    if saved is not None and saved.is_file() and run_dir.resolve() in saved.resolve().parents:
+        kept += f" and {last_saved['label']} at epoch {last_saved['epoch']}/{last_saved['epochs']}"
+    return RunInterrupted(f"{why}; {run_dir} keeps {kept}", code)
 
 
 def _aims_at_recipe_target(recipe: Recipe, cfg) -> bool:
@@ -290,6 +326,21 @@ def _completed(sdir: Path, fingerprint: str) -> Optional[dict]:
     if not all((sdir.parent.parent / path).is_file() for path in record.get("artifacts", {}).values()):
         return None
     return record
+
+
+def _keep_checkpoints_only(sdir: Path, fingerprint: str, resumable: bool) -> None:
+    """Clear an unfinished stage's folder for its next attempt, keeping its epoch checkpoints
+    when they were taken with the same inputs (and no stage before it ran again)."""
+    resume = sdir / RESUME_DIR
+    mark = resume / RESUME_MARK
+    keep = resumable and mark.is_file() and read_json(mark).get("fingerprint") == fingerprint
+    (sdir / "metrics.json").unlink(missing_ok=True)
+    for item in sdir.iterdir():
+        if keep and item == resume:
+            continue
+        shutil.rmtree(item) if item.is_dir() else item.unlink()
+    if not keep:
+        write_json(mark, {"fingerprint": fingerprint})
 
 
 def _discard(sdir: Path) -> None:
@@ -330,10 +381,9 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> d
             ctx.adopt(record)
             log(f"[dim]stage {k}/{len(stages)} {cfg.name}: completed earlier, resumed[/]")
             continue
-        fresh = True  # everything after a re-run stage must re-run too
-        if sdir.exists():
-            _discard(sdir)
-        sdir.mkdir(parents=True)
+        resumable, fresh = not fresh, True  # everything after a re-run stage must re-run too
+        sdir.mkdir(parents=True, exist_ok=True)
+        _keep_checkpoints_only(sdir, fingerprint, resumable)
         ctx.stage_dir = sdir
         log(f"[bold]stage {k}/{len(stages)} {cfg.name}[/] ({cfg.type})")
         input_model = ctx.rel(ctx.model_path) if ctx.model_path else None
@@ -350,6 +400,7 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> d
             "fingerprint": fingerprint,
         }
         write_json(done, record)
+        shutil.rmtree(sdir / RESUME_DIR, ignore_errors=True)  # complete: its epoch checkpoints are spent
         ctx.adopt(record)
     # Stages outside this plan are stale when the recipe dropped them or an earlier stage re-ran;
     # a partial run (`effvision train`) that re-ran nothing leaves the later stages alone.

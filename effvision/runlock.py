@@ -25,7 +25,7 @@ LOCK_NAME = ".lock"
 def run_lock(run_dir: Path) -> Iterator[None]:
     """Hold run_dir's lock, or refuse at once (naming the holder) when another process has it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -9,8 +9,6 @@ minutes."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import random
 import shutil
@@ -23,6 +21,7 @@ import onnx
 import pytest
 import yaml
 from conftest import INT8_ALWAYS
+from forked_cli import checkpoint_epoch, forked_cli, wait_for_checkpoint
 
 from effvision.cli import main
 from effvision.models import load_checkpoint
@@ -35,7 +34,8 @@ RECIPE = {
     "data": {"name": "digits", "max_train_samples": 200, "max_val_samples": 100, "batch_size": 32},
     "model": {"name": "cifar_resnet8", "kwargs": {"width": 0.25}},
     "stages": [
-        {"name": "baseline", "type": "train", "epochs": 2, "optimizer": "adamw", "lr": 3e-3},
+        # five epochs: random kill points land inside epochs too (epoch checkpoints, test_resume.py)
+        {"name": "baseline", "type": "train", "epochs": 5, "optimizer": "adamw", "lr": 3e-3},
         {"type": "prune", "ratio": 0.5},
         {"type": "export"},
         {"type": "quantize", "calibration": {"n": 32}, **INT8_ALWAYS},
@@ -51,48 +51,16 @@ RECIPE = {
     ],
 }
 STAGES = ["baseline", "prune", "export", "quantize", "bench"]
-PRELOAD = [
-    "torch",
-    "timm",
-    "torch_pruning",
-    "onnx",
-    "onnxruntime",
-    "onnxscript",
-    "sklearn",
-    "effvision.cli",
-    "effvision.pipeline",
-    "effvision.stages",
-    "effvision.models",
-    "effvision.data",
-    "effvision.report",
-]
-
-
-def _cli(argv: list[str], log: str) -> None:
-    """Child process: the CLI as a user runs it, one thread (two trials share the two cores)."""
-    import torch
-
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    torch.set_num_threads(1)
-    os._exit(main(argv))
 
 
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    multiprocessing.forkserver.ensure_running()  # its imports happen now, outside the timed runs
+    cli = forked_cli()
     recipe = tmp_path_factory.mktemp("recipe") / "crash.yaml"
     recipe.write_text(yaml.safe_dump(RECIPE))
 
     def start(run_dir: Path):
-        proc = ctx.Process(
-            target=_cli, args=(["compress", str(recipe), "--run-dir", str(run_dir)], str(run_dir) + ".log")
-        )
-        proc.start()
-        return proc
+        return cli(["compress", recipe, "--run-dir", run_dir], str(run_dir) + ".log")
 
     start.recipe = recipe
     return start
@@ -127,19 +95,33 @@ def assert_complete(run_dir: Path) -> dict:
             elif kind == "onnx":
                 onnx.checker.check_model(onnx.load(str(path)))
     assert not list(run_dir.rglob("*.tmp")), "a temporary file was left behind"
+    assert not list(run_dir.glob("stages/*/resume")), "a completed stage kept its epoch checkpoints"
     assert (run_dir / "report.md").is_file() and (run_dir / "report.html").is_file()
     with run_lock(run_dir):  # free again once the run ended
         pass
     return report
 
 
+def _epoch_checkpoints(run_dir: Path) -> dict[str, int]:
+    """The epochs each unfinished stage's epoch checkpoints had finished, by stage folder."""
+    found = {}
+    for path in run_dir.glob("stages/*/resume/*.pt"):
+        if not (path.parent.parent / "metrics.json").is_file():
+            found[path.parent.parent.name] = checkpoint_epoch(path)
+    return found
+
+
 def _trial(start, run_dir: Path, kill_at: float) -> tuple[dict, dict, dict]:
-    """Start a run, SIGKILL it after kill_at seconds, run the same command again to the end. A run
-    that ended before its kill point (this machine was faster than the reference run) is tried
+    """Start a run, SIGKILL it after kill_at seconds (or, with kill_at None, as soon as the
+    baseline's epoch checkpoint has 2 epochs: in its 3rd), run the same command again to the end. A
+    run that ended before its kill point (this machine was faster than the reference run) is tried
     again from scratch with an earlier one."""
     for _ in range(4):
         proc = start(run_dir)
-        proc.join(kill_at)
+        if kill_at is None:
+            wait_for_checkpoint(proc, run_dir / "stages" / "1-baseline" / "resume" / "baseline.pt", 2)
+        else:
+            proc.join(kill_at)
         killed = proc.exitcode is None
         if killed:
             os.kill(proc.pid, signal.SIGKILL)
@@ -147,10 +129,11 @@ def _trial(start, run_dir: Path, kill_at: float) -> tuple[dict, dict, dict]:
             break
         shutil.rmtree(run_dir)
         kill_at /= 2
-    before = _finished_stages(run_dir)
+    before, checkpoints = _finished_stages(run_dir), _epoch_checkpoints(run_dir)
     _finish(start, run_dir)
     after = _finished_stages(run_dir)
-    return {"killed": killed, "kill_at": round(kill_at, 2)}, before, after
+    info = {"killed": killed, "kill_at": kill_at and round(kill_at, 2), "checkpoints": checkpoints}
+    return info, before, after
 
 
 def test_runs_killed_at_random_points_resume_to_a_complete_report(launcher, tmp_path, capsys):
@@ -180,16 +163,27 @@ def test_runs_killed_at_random_points_resume_to_a_complete_report(launcher, tmp_
     seed = int(os.environ.get("EFFVISION_KILL_SEED", time.time_ns() % 10**6))
     rng = random.Random(seed)
     points = [duration * (i + rng.random()) / KILLS for i in range(KILLS)]
+    points.append(None)  # and one kill in the baseline's 3rd epoch, wherever that falls
     with ThreadPoolExecutor(2) as pool:
         trials = list(pool.map(lambda ik: _trial(launcher, tmp_path / f"kill{ik[0]}", ik[1]), enumerate(points)))
     for i, (info, before, after) in enumerate(trials):
         where = f"trial {i} (EFFVISION_KILL_SEED={seed}, killed at {info['kill_at']} s of a {duration:.1f} s run)"
+        if info["kill_at"] is None:
+            where = f"trial {i} (killed in the baseline's 3rd epoch)"
+            assert info["checkpoints"] == {"1-baseline": 2}, f"{where}: {info['checkpoints']}"
         report = assert_complete(tmp_path / f"kill{i}")
         for stage, metrics in before.items():
             assert after.get(stage) == metrics, f"{where}: stage {stage}, finished before the kill, was lost or redone"
+        for stage, epoch in info["checkpoints"].items():  # a stage killed inside an epoch went on from its checkpoint
+            record = json.loads(after[stage])
+            assert record.get("resumed_from_epoch", epoch) == epoch, f"{where}: {stage} did not resume epoch {epoch}"
         # The resumed run computes what an uninterrupted one does (same seed, one thread).
         got = [(s["name"], s["accuracy"], s["params"]) for s in report["stages"]]
         assert got == [(s["name"], s["accuracy"], s["params"]) for s in reference["stages"]], where
     kills = [info for info, _, _ in trials if info["killed"]]
-    assert len(kills) == KILLS, f"only {len(kills)} of {KILLS} runs were still running at their kill point"
-    print(f"kill seed {seed}: {len(kills)} kills at {[k['kill_at'] for k in kills]} s of a {duration:.1f} s run")
+    assert len(kills) == KILLS + 1, f"only {len(kills)} of {KILLS + 1} runs were still running at their kill point"
+    inside = sum(bool(k["checkpoints"]) for k in kills)
+    print(
+        f"kill seed {seed}: kills at {[k['kill_at'] for k in kills]} s "
+        f"of a {duration:.1f} s run, {inside} inside epochs"
+    )

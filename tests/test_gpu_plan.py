@@ -344,7 +344,7 @@ def test_carried_wheels_pass_the_preflight(tmp_path):
 
 
 def test_a_stop_while_the_table_is_written_waits_for_the_write(tmp_path):
-    from effvision.deploy.cells import Interrupted, deferred_signals, interruptible
+    from effvision.interrupts import Interrupted, deferred_signals, interruptible
 
     with pytest.raises(Interrupted, match="SIGTERM"), interruptible():
         with deferred_signals():

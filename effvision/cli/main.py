@@ -5,12 +5,14 @@ on stderr and exit 1, a usage error exit 2, --debug shows the traceback."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import traceback
 
 import typer
 
 from ..errors import EffvisionError
+from ..interrupts import Interrupted, interruptible
 from . import data, deploy, pipeline, study, zoo
 from .common import ARGV
 
@@ -43,16 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub at run time
     try:
-        # typer handles usage errors (exit 2) and --help itself and ends with SystemExit
-        app(args=argv, prog_name="effvision")
+        # typer handles usage errors (exit 2) and --help itself and ends with SystemExit;
+        # SIGINT and SIGTERM end the command as Interrupted, after its checkpoint is written
+        with interruptible():
+            app(args=argv, prog_name="effvision")
         return 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt:
-        print(
-            "effvision: interrupted; completed stages are kept, run the same command again to resume", file=sys.stderr
-        )
-        return 130
+    except (Interrupted, KeyboardInterrupt) as stop:
+        return _interrupted(stop, argv)
     except EffvisionError as exc:
         if debug:
             traceback.print_exc()
@@ -67,6 +68,22 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _interrupted(stop: BaseException, argv: list[str]) -> int:
+    """One line (from rank 0 of a multi-process job): what the run folder kept and the command
+    that continues; exit 128 + the signal (130 SIGINT, 143 SIGTERM)."""
+    from ..pipeline import RunInterrupted
+
+    code = stop.exit_code if isinstance(stop, Interrupted) else 130
+    if os.environ.get("RANK", "0") != "0":
+        return code
+    if isinstance(stop, RunInterrupted):
+        line = f"{stop.reason}; continue with: effvision {shlex.join(argv)}"
+    else:
+        line = stop.reason if isinstance(stop, Interrupted) else "interrupted by SIGINT"
+    print(f"effvision: {line}", file=sys.stderr)
+    return code
 
 
 def entry() -> None:

@@ -64,7 +64,8 @@ def finetune(ctx, model, teacher, s: FinetuneSettings, epochs: int, label: str, 
             teacher,
             s,
             label,
-            after_backward=after_backward,
+            after_backward=after_backward,  # torch-pruning's group-norm regulariser keeps no state
+            checkpoint=ctx.epoch_checkpoint(label, s.checkpoint_every),
         ).features
     recalibrate_batchnorm(model, ctx.data)
     return features

@@ -81,6 +81,7 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
             teacher=teacher,
             distill=cfg,
             label=cfg.name,
+            checkpoint=ctx.epoch_checkpoint(cfg.name, cfg.checkpoint_every),
         )
     except AssertionError as err:  # an observer fed NaN: the fine-tuning diverged
         if "nan" not in str(err):

@@ -194,6 +194,7 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
         teacher=teacher,
         distill=cfg,
         label=cfg.name,
+        checkpoint=ctx.epoch_checkpoint(cfg.name, cfg.checkpoint_every),
     )
     return ctx.torch_result(
         model,

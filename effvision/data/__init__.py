@@ -97,10 +97,14 @@ class DatasetBundle:
         with_index: bool = False,
         rank: int = 0,
         world: int = 1,
+        persistent: bool = True,
     ) -> DataLoader:
         """Shuffled, augmented training batches; with_index adds each sample's index in the split
         (the loop uses it for sample weights and per-sample statistics). With world > 1 a
-        distributed sampler gives this rank its share (call loader.sampler.set_epoch each epoch)."""
+        distributed sampler gives this rank its share (call loader.sampler.set_epoch each epoch).
+        persistent=False starts the workers anew each epoch, seeded from the loader's generator:
+        an epoch's augmentations then follow from that generator's state alone, which a resumed
+        training restores (persistent workers carry their random state across epochs)."""
         bs = batch_size or self.config.batch_size
         ds = _Transformed(self.train, self.train_tf, with_index)
         sampler = None
@@ -117,7 +121,7 @@ class DatasetBundle:
             drop_last=len(self.train) // world > bs,
             num_workers=self.config.num_workers,
             generator=torch.Generator().manual_seed(seed),
-            persistent_workers=self.config.num_workers > 0,
+            persistent_workers=persistent and self.config.num_workers > 0,
         )
 
     def batched_train_loader(

@@ -7,11 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
 from ..errors import EffvisionError
+from ..fileio import new_temporary_dir
 
 MAX_MEMBER_BYTES = 8 << 30  # one image, video or point cloud: 8 GiB is already absurd
 MAX_RATIO = 1000  # deflate reaches ~1000:1 only on degenerate data, a bomb's signature
@@ -99,7 +99,7 @@ def extract_once(archive: str | Path, cache_dir: str | Path) -> Path:
             raise ArchiveError(
                 f"{archive}: needs {need / 2**30:.1f} GiB to extract, {free / 2**30:.1f} GiB free under {dest.parent}"
             )
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        tmp = new_temporary_dir(dest)
         try:
             for info in members:
                 target = inside(tmp, info.filename)

@@ -7,13 +7,13 @@ import inspect
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ..errors import EffvisionError
+from ..fileio import new_temporary_dir
 from .layouts import Accept, folder_entries
 
 
@@ -34,7 +34,7 @@ def write_once(
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(root)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.{os.getpid()}.", dir=root.parent))
+    tmp = new_temporary_dir(root)
     try:
         jobs = [
             (k, split, label, n)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import codecs
 import io
-import os
 import pickle
 import shutil
 import socket
@@ -238,8 +237,6 @@ def _write_split(
                 info.external_attr = 0o644 << 16
                 zf.writestr(info, _jpeg(images[i], quality))
                 seen[c] += 1
-        # a dataset is meant to be read by others; the temporary file was created owner-only
-        os.chmod(tmp, 0o644)
 
     atomic_write(path, write)
     return path.stat().st_size

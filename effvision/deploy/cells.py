@@ -1,70 +1,14 @@
 """What a benchmark suite needs so that a short lease on a machine never loses its work: the plan
 as cells (model x backend x precision x batch) that each end measured, failed, skipped or
 unavailable (with the reason); a prediction of each cell's time from the cells already timed;
-and a guard that turns SIGTERM, SIGINT and the end of the time budget into an orderly stop."""
+and the guard (interrupts.py) that turns SIGTERM, SIGINT and the end of the time budget into an
+orderly stop."""
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
 
 STATUSES = ("pending", "measured", "failed", "skipped", "unavailable")
-
-
-class Interrupted(BaseException):
-    """Raised in the main thread by a stop signal or the deadline. A BaseException, so that a
-    cell's `except Exception` records other errors and lets this one end the run."""
-
-    def __init__(self, reason: str, exit_code: int):
-        super().__init__(reason)
-        self.reason, self.exit_code = reason, exit_code
-
-
-_held = {"depth": 0, "pending": None}  # deferred_signals() state: a stop that arrived while held
-
-
-@contextlib.contextmanager
-def interruptible(deadline_s: float | None = None):
-    """SIGTERM, SIGINT and (when deadline_s is given) SIGALRM after deadline_s raise Interrupted.
-    The previous handlers come back on exit."""
-
-    def stop(signum, _frame):
-        if signum == signal.SIGALRM:
-            why = Interrupted("stopped at the time budget", 0)
-        else:
-            why = Interrupted(f"interrupted by {signal.Signals(signum).name}", 128 + signum)
-        if _held["depth"]:
-            _held["pending"] = _held["pending"] or why
-            return
-        raise why
-
-    timed = deadline_s is not None
-    wanted = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGALRM] if timed else [])
-    old = {s: signal.signal(s, stop) for s in wanted}
-    if timed:
-        signal.setitimer(signal.ITIMER_REAL, max(deadline_s, 1e-3))  # 0 would mean no alarm at all
-    try:
-        yield
-    finally:
-        if timed:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-@contextlib.contextmanager
-def deferred_signals():
-    """Hold a stop back while the table is written: one arriving then is raised right after, so
-    no half-written temporary file is left in the results folder."""
-    _held["depth"] += 1
-    try:
-        yield
-    finally:
-        _held["depth"] -= 1
-        if not _held["depth"] and _held["pending"]:
-            why, _held["pending"] = _held["pending"], None
-            raise why
 
 
 def describe(cell: dict) -> str:

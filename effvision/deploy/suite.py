@@ -23,10 +23,11 @@ import torch
 
 from ..device import resolve_device
 from ..errors import EffvisionError, one_line
+from ..interrupts import Interrupted, deferred_signals, interruptible
 from .backends import BackendUnavailable, check_pair
 from .backends import backend as get_backend
 from .bench import benchmark
-from .cells import STATUSES, Clock, Interrupted, Predictor, deferred_signals, describe, interruptible, settle
+from .cells import STATUSES, Clock, Predictor, describe, settle
 from .exporters import export_for_backend, export_verified
 from .roofline import Roofline
 

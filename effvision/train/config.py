@@ -69,6 +69,13 @@ class TrainSettings(Strict):
     max_train_s: Optional[float] = Field(
         None, gt=0, description="stop training after this many seconds (evaluation excluded)"
     )
+    # Long runs.
+    checkpoint_every: int = Field(
+        1,
+        ge=0,
+        description="save the whole training state every this many epochs (and after the last), so a killed "
+        "stage resumes after its last saved epoch; 0: off",
+    )
 
     @field_validator("progressive_sizes")
     @classmethod

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import EffvisionError
+from ..interrupts import Interrupted
 
 
 def launched_by_torchrun() -> bool:
@@ -50,7 +51,9 @@ def check_nproc(nproc: int, device: str = "auto") -> None:
 
 
 def launch(nproc: int, cli_args: list[str]) -> int:
-    """Run `effvision <cli_args>` in nproc processes under torchrun on this machine; its exit code."""
+    """Run `effvision <cli_args>` in nproc processes under torchrun on this machine; its exit code.
+    A stop signal is passed on to torchrun (which passes it to the processes: rank 0 writes its
+    checkpoint and says what was kept), then this process exits quietly with the signal's code."""
     cmd = [
         sys.executable,
         "-m",
@@ -65,7 +68,13 @@ def launch(nproc: int, cli_args: list[str]) -> int:
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, max_processes("cpu")[0] // nproc))),
     }
-    return subprocess.call(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except Interrupted as stop:
+        proc.send_signal(stop.exit_code - 128)
+        proc.wait()
+        return stop.exit_code
 
 
 def init() -> None:
@@ -102,3 +111,12 @@ def max_param_difference(model: torch.nn.Module) -> float:
     diff = (flat - ref).abs().max()
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     return float(diff)
+
+
+def gather_objects(obj) -> list:
+    """obj of every rank, in rank order, on every rank (one process: [obj])."""
+    if world() == 1:
+        return [obj]
+    out = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out

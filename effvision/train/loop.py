@@ -20,7 +20,9 @@ from ..device import synchronize
 from ..errors import EffvisionError
 from ..evaluate import accuracy, torch_predictor
 from ..progress import log, progress_bar
+from . import checkpoint as ckpt
 from . import distributed
+from .checkpoint import EpochCheckpoint
 from .config import LogitDistillSettings, TrainSettings
 from .features import FeatureDistiller
 from .whiten import whiten_first_conv
@@ -43,6 +45,7 @@ class FitResult:
     train_s: float = 0.0
     eval_s: float = 0.0
     compile_s: float = 0.0
+    checkpoint_s: float = 0.0  # writing epoch checkpoints (not training time)
     time_to_accuracy_s: Optional[float] = None
     epochs_to_accuracy: Optional[float] = None
     accuracy_tta: Optional[float] = None  # with tta_flip: the mirror-averaged accuracy the target is checked on
@@ -52,6 +55,7 @@ class FitResult:
     features: Optional[dict] = None  # the layers feature distillation matched, and how they were chosen
     data_path: str = ""  # how training batches were made (data_path())
     samples: int = 0  # training samples stepped on (this process)
+    resumed_from_epoch: Optional[int] = None  # the epochs an epoch checkpoint had finished before this process
 
     def metrics(self, s: TrainSettings) -> dict:
         """What a training stage records beside accuracy and time-to-accuracy."""
@@ -62,6 +66,8 @@ class FitResult:
             "train_s": round(self.train_s, 3),
             "eval_s": round(self.eval_s, 3),
             "compile_s": round(self.compile_s, 3),
+            "checkpoint_s": round(self.checkpoint_s, 3),
+            "resumed_from_epoch": self.resumed_from_epoch,
             "processes": self.processes,
             "data": {
                 "path": self.data_path,
@@ -166,9 +172,12 @@ def check_tricks(s: TrainSettings, data) -> None:
         raise EffvisionError(f"tta_flip averages each sample with its mirror; {why}")
 
 
-def train_batches(data, s: TrainSettings, device: torch.device, seed: int, rank: int, world: int):
+def train_batches(
+    data, s: TrainSettings, device: torch.device, seed: int, rank: int, world: int, resumable: bool = False
+):
     """This rank's training batches: made a whole batch at a time where the data allows it (and
-    tensor_data is not false), else by the per-sample DataLoader."""
+    tensor_data is not false), else by the per-sample DataLoader (its workers started each epoch
+    when the training is resumable: see train_loader)."""
     bs = max(1, (s.batch_size or data.config.batch_size) // world)  # batch_size is the global batch
     if s.tensor_data is not False:
         batches = data.batched_train_loader(
@@ -176,7 +185,7 @@ def train_batches(data, s: TrainSettings, device: torch.device, seed: int, rank:
         )
         if batches is not None:
             return batches
-    return data.train_loader(bs, seed=seed, with_index=True, rank=rank, world=world)
+    return data.train_loader(bs, seed=seed, with_index=True, rank=rank, world=world, persistent=not resumable)
 
 
 def data_path(loader) -> str:
@@ -249,6 +258,7 @@ def fit(
     label: str = "train",
     on_batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
     after_backward: Callable[[], None] | None = None,
+    checkpoint: EpochCheckpoint | None = None,
 ) -> FitResult:
     """Train model in place on data (a DatasetBundle); evaluates on val after every epoch.
 
@@ -261,6 +271,11 @@ def fit(
     unscaled gradients before the optimiser steps (a regulariser's). Under torchrun the model trains as
     DistributedDataParallel, each process on its share of every batch.
 
+    With a checkpoint, the loop's whole state is saved after every checkpoint.every epochs and
+    after the last (rank 0 writes), and a training that finds one of this model continues after its
+    last finished epoch (every rank from the same file): it ends as an uninterrupted one would.
+    Callers whose on_batch or after_backward keep state of their own pass no checkpoint.
+
     Training seconds exclude evaluation and compilation (DAWNBench's and airbench's convention);
     whitening and data augmentation count."""
     torch.manual_seed(seed)
@@ -270,12 +285,13 @@ def fit(
     model.to(device, memory_format=memory)
     if teacher is not None:
         teacher.to(device, memory_format=memory).eval()
-    loader = train_batches(data, s, device, seed, rank, world)
+    loader = train_batches(data, s, device, seed, rank, world, resumable=checkpoint is not None)
+    resumed = ckpt.load(checkpoint, model, label)
     weights = data.train_weights
     val_loader = data.val_loader()
     result = FitResult(accuracy=0.0, processes=world, data_path=data_path(loader))
     start = time.perf_counter()
-    if s.whiten:
+    if s.whiten and resumed is None:  # a resumed model has its whitened stem already
         whiten_first_conv(model, whitening_sample(data).to(device))
     net = model
     if world > 1:
@@ -330,14 +346,22 @@ def fit(
         return accuracy(mirror_averaged(predict) if s.tta_flip else predict, val_loader)
 
     def train_seconds() -> float:
-        return time.perf_counter() - start - result.eval_s - result.compile_s
+        return time.perf_counter() - start - result.eval_s - result.compile_s - result.checkpoint_s
 
-    acc = 0.0
+    acc, first_epoch = 0.0, 0
+    if resumed is not None:
+        acc, first_epoch = restore(resumed, result, model, opt, sched, scaler, ema, features)
+        ckpt.restore_rng(resumed, loader)
+        # training seconds go on from the checkpoint's: the epoch cut short, and the pause, count nothing
+        start = time.perf_counter() - resumed["train_s"] - result.eval_s - result.compile_s - result.checkpoint_s
+        log(f"  {label}: resumed after epoch {first_epoch}/{s.epochs} from {checkpoint.path.name}")
+    last_epoch = first_epoch if result.stopped else s.epochs
     # the feature hooks come off the student and teacher however the loop ends (an interrupt, an error)
     hooks = contextlib.closing(features) if features is not None else contextlib.nullcontext()
     with progress_bar() as bar, hooks:
-        task = bar.add_task(label, total=s.epochs * len(loader), info="") if bar else None
-        for epoch in range(s.epochs):
+        total, done_steps = s.epochs * len(loader), first_epoch * len(loader)
+        task = bar.add_task(label, total=total, completed=done_steps, info="") if bar else None
+        for epoch in range(first_epoch, last_epoch):
             model.train()
             set_epoch(loader, epoch)
             size = epoch_size(s, epoch)
@@ -406,6 +430,10 @@ def fit(
             # is begun. Several processes decide together.
             if s.max_train_s and epoch + 1 < s.epochs and distributed.broadcast_flag(train_s >= s.max_train_s):
                 result.stopped = result.stopped or "time limit"
+            if checkpoint is not None and checkpoint.due(epoch + 1, last=epoch + 1 == s.epochs or bool(result.stopped)):
+                state = snapshot(result, model, opt, sched, scaler, ema, features)
+                state.update(label=label, epoch=epoch + 1, epochs=s.epochs, accuracy=acc, train_s=train_seconds())
+                result.checkpoint_s += ckpt.save(checkpoint, state, loader)
             if result.stopped:
                 break
     if ema is not None:
@@ -422,3 +450,44 @@ def fit(
         result.max_param_difference = distributed.max_param_difference(model)
     model.to(memory_format=torch.contiguous_format).eval()
     return result
+
+
+_RESUMED_FIELDS = (
+    "history",
+    "eval_s",
+    "checkpoint_s",
+    "samples",
+    "time_to_accuracy_s",
+    "epochs_to_accuracy",
+    "stopped",
+)
+
+
+def snapshot(result: FitResult, model, opt, sched, scaler, ema, features) -> dict:
+    """The loop's state at an epoch's end, for an epoch checkpoint (checkpoint.py)."""
+    return {
+        "structure": ckpt.structure(model),
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "scaler": scaler.state_dict(),
+        "ema": ema.state_dict() if ema is not None else None,
+        "adapters": features.adapters.state_dict() if features is not None else None,
+        "result": {k: getattr(result, k) for k in _RESUMED_FIELDS},
+    }
+
+
+def restore(state: dict, result: FitResult, model, opt, sched, scaler, ema, features) -> tuple[float, int]:
+    """Put a snapshot back; the last validation top-1 and the epochs it had finished."""
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    if ema is not None and state["ema"] is not None:
+        ema.load_state_dict(state["ema"])
+    if features is not None and state["adapters"] is not None:
+        features.adapters.load_state_dict(state["adapters"])
+    for k, v in state["result"].items():
+        setattr(result, k, v)
+    result.resumed_from_epoch = state["epoch"]
+    return state["accuracy"], state["epoch"]

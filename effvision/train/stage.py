@@ -18,7 +18,8 @@ class TrainStageConfig(TrainSettings, StageConfig):
 def run_train(ctx, cfg: TrainStageConfig) -> StageResult:
     """Train the current model on the recipe's data (classification)."""
     model = ctx.model
-    res = fit(model, ctx.data, cfg, ctx.device, seed=ctx.seed, label=cfg.name)
+    checkpoint = ctx.epoch_checkpoint(cfg.name, cfg.checkpoint_every)
+    res = fit(model, ctx.data, cfg, ctx.device, seed=ctx.seed, label=cfg.name, checkpoint=checkpoint)
     return ctx.torch_result(
         model, accuracy=res.accuracy, time_to_accuracy_s=res.time_to_accuracy_s, extra=res.metrics(cfg)
     )
