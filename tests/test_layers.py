@@ -19,6 +19,7 @@ LAYERS = [
         "effvision.yamlio",
         "effvision.fileio",
         "effvision.progress",
+        "effvision.interrupts",
         "effvision.device",
         "effvision.env",
         "effvision.runlock",

@@ -8,7 +8,9 @@ machine; a multi-node job is started by torchrun directly (README), and effvisio
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
 
@@ -81,6 +83,7 @@ def init() -> None:
     """Join the process group torchrun set up (no-op outside torchrun or when already joined)."""
     if not launched_by_torchrun() or dist.is_initialized():
         return
+    _end_with_launcher()
     gpu = torch.cuda.is_available()
     if gpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -89,6 +92,20 @@ def init() -> None:
             max(1, max_processes("cpu")[0] // int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])))
         )
     dist.init_process_group("nccl" if gpu else "gloo")
+
+
+def _end_with_launcher() -> None:
+    """torchrun starts each process in a session of its own, so a job killed as a process group
+    (a scheduler's or a user's kill of `effvision train --nproc N`) would leave its processes
+    training on, rank 0 holding the run folder. On Linux the kernel kills them when torchrun
+    does; the run then resumes from its last epoch checkpoint. (SIGKILL, not SIGTERM: a rank
+    ending in order could wait on a collective the others never join.)"""
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # torchrun died before the call above: nobody is left to wait for
+        os._exit(128 + signal.SIGKILL)
 
 
 def broadcast_flag(flag: bool) -> bool:
