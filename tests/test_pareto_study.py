@@ -50,10 +50,16 @@ def test_pareto_study_compares_with_uniform_pruning_at_matched_latency(study):
     # machine moves by 20%: 1.39x against 1.15x for a matched pair)
     rows = {r["method"]: r for r in saved["rows"]}
     search, goal = rows["uniform"]["ratio_search"], rows["latency-aware"]["stage_speedup"]
-    assert abs(search["speedup"] / goal - 1) < 0.1, (goal, search)
-    assert 0 < uniform["ratio"] < 0.95 and aimed["speedup"] > 1.1 and uniform["speedup"] > 1.1
-    assert abs(uniform["latency_ms"] / aimed["latency_ms"] - 1) < 0.3, (aimed, uniform)
     (c,) = summary["comparisons"]
+    assert search["matched"] == (abs(search["speedup"] / goal - 1) <= 0.1) == c["matched"], (goal, search)
+    if not search["matched"]:
+        # Speed is not monotone in the ratio on every CPU: on an AMD EPYC with AVX-512 (2026-12-03)
+        # every ratio from 0.015 up measured 1.67x or more against an aimed 1.40x (rounding the
+        # channels to a multiple alone pays there). The table must say the pair is not matched.
+        assert "no uniform ratio measured within 10%" in (out / "pareto.md").read_text()
+    else:
+        assert abs(uniform["latency_ms"] / aimed["latency_ms"] - 1) < 0.3, (aimed, uniform)
+    assert 0 < uniform["ratio"] < 0.95 and aimed["speedup"] > 1.1 and uniform["speedup"] > 1.1
     assert c["accuracy_gain"] == pytest.approx(aimed["accuracy"] - uniform["accuracy"], abs=1e-6)
     assert summary["reference"]["accuracy"] is None  # the recipe has no bench stage
     assert all(0 < p["accuracy"] <= 1 for p in summary["points"])
