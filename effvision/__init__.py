@@ -2,7 +2,29 @@
 
 __version__ = "0.1.0"
 
+import sys
+import types
+
 from .errors import EffvisionError  # noqa: E402
+
+
+class _Package(types.ModuleType):
+    """`effvision.compress` is the call effvision.compress(model, train, val, ...) (api.py). The
+    stage package of the same name stays importable as effvision.compress.<module>: the import
+    system finds it in sys.modules, and the attribute it would bind here is kept aside."""
+
+    @property
+    def compress(self):
+        from .api import compress
+
+        return compress
+
+    @compress.setter
+    def compress(self, package: types.ModuleType) -> None:
+        self.__dict__["_compress_package"] = package
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name):
@@ -28,6 +50,7 @@ def __getattr__(name):
 
 __all__ = [
     "EffvisionError",
+    "compress",
     "create_model",
     "list_models",
     "load_checkpoint",

@@ -14,6 +14,7 @@ import hashlib
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,11 +45,20 @@ def _hash(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+@dataclass
+class CallerInputs:
+    """A model and data the caller holds (effvision.compress), in place of the recipe's names."""
+
+    model: torch.nn.Module  # effvision's copy (models/caller.py), not the caller's object
+    data: Any  # a CallerBundle (data/caller.py)
+    identity: dict  # {"model": architecture and weights hashes, "data": sizes and items hash}
+
+
 class RunContext:
     """What stages share: the data, the current model/ONNX artifact, earlier stages' records."""
 
-    def __init__(self, recipe: Recipe, run_dir: Path):
-        self.recipe, self.run_dir = recipe, run_dir
+    def __init__(self, recipe: Recipe, run_dir: Path, inputs: Optional[CallerInputs] = None):
+        self.recipe, self.run_dir, self.inputs = recipe, run_dir, inputs
         self.device = resolve_device(recipe.device)
         self.seed = recipe.seed
         self.records: list[dict] = []
@@ -69,7 +79,7 @@ class RunContext:
         if self._data is None:
             from .data import load_dataset
 
-            self._data = load_dataset(self.recipe.data, seed=self.seed)
+            self._data = self.inputs.data if self.inputs else load_dataset(self.recipe.data, seed=self.seed)
             summary = self._data.summary()
             if summary["bad_samples"]:
                 log(
@@ -117,6 +127,10 @@ class RunContext:
     def initial_model(self) -> torch.nn.Module:
         from .models import create_model
 
+        if self.inputs is not None:
+            model = copy.deepcopy(self.inputs.model)
+            model.effvision_spec = {**self.inputs.model.effvision_spec, "data": {"name": self.data.name}}
+            return model
         m, d = self.recipe.model, self.recipe.data
         model = create_model(
             m.name,
@@ -267,9 +281,15 @@ class RunContext:
         self.records.append(record)
 
 
-def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: set[str] | None = None) -> dict:
+def run_pipeline(
+    recipe: Recipe,
+    run_dir: str | Path | None = None,
+    only_types: set[str] | None = None,
+    inputs: Optional[CallerInputs] = None,
+) -> dict:
     """Run (or resume) a recipe into run_dir (default runs/<recipe.name>); returns report.json.
-    In a multi-process (torchrun) job every process runs the stages; rank 0 alone writes run_dir."""
+    In a multi-process (torchrun) job every process runs the stages; rank 0 alone writes run_dir.
+    inputs: the caller's model and data in place of the recipe's (effvision.compress)."""
     from .compress.aim import check_target
 
     device = resolve_device(recipe.device)
@@ -278,7 +298,7 @@ def run_pipeline(recipe: Recipe, run_dir: str | Path | None = None, only_types: 
             check_target(target, device)  # before the run folder is touched
     with private_run_dir(Path(run_dir or Path("runs") / recipe.name)) as own_dir, run_lock(own_dir):
         try:
-            return _run_stages(recipe, own_dir, only_types)
+            return _run_stages(recipe, own_dir, only_types, inputs)
         except (KeyboardInterrupt, Interrupted) as stop:
             raise _interrupted(stop, own_dir) from None
 
@@ -350,7 +370,7 @@ def _discard(sdir: Path) -> None:
     shutil.rmtree(sdir)
 
 
-def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> dict:
+def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None, inputs: Optional[CallerInputs]) -> dict:
     from .env import collect_env
     from .report import write_report
 
@@ -363,10 +383,11 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None) -> d
         f"# resolved from {recipe._source or '<api>'}\n" + yamlio.dump(resolved, sort_keys=False),
     )
     write_json(run_dir / "env.json", {**collect_env(), "recipe": recipe._source})
-    ctx = RunContext(recipe, run_dir)
+    ctx = RunContext(recipe, run_dir, inputs)
     torch.manual_seed(recipe.seed)
 
-    fingerprint = _hash(resolved["data"], resolved["model"], recipe.seed)
+    identity = inputs.identity if inputs else None
+    fingerprint = _hash(resolved["data"], resolved["model"], recipe.seed, identity)
     fresh = _prepare_initial_model(ctx, fingerprint)
     planned = {INIT_DIR}
     for k, cfg in enumerate(stages, 1):
@@ -420,9 +441,11 @@ def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
     if _completed(sdir, fingerprint) is not None:
         ctx.model_path = sdir / "model.pt"
         return False
+    afresh = None
     if (ctx.run_dir / "stages").exists():
         if done.is_file():
-            log("[yellow]data, model or seed changed since this run folder was written: starting it afresh[/]")
+            afresh = f"{_what_changed(read_json(done), ctx)} since this run folder was written: starting it afresh"
+            log(f"[yellow]{afresh}[/]")
         done.unlink(missing_ok=True)  # the marker first, as in _discard
         shutil.rmtree(ctx.run_dir / "stages")  # nothing earlier is valid
     model = ctx.initial_model()
@@ -430,6 +453,31 @@ def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
     ctx._model = model
     write_json(
         done,
-        {"fingerprint": fingerprint, "model": ctx.recipe.model.name, "artifacts": {"model": ctx.rel(ctx.model_path)}},
+        {
+            "fingerprint": fingerprint,
+            "model": ctx.recipe.model.name,
+            "inputs": ctx.inputs.identity if ctx.inputs else None,
+            "started_afresh": afresh,  # why an earlier run in this folder was set aside (None: there was none)
+            "artifacts": {"model": ctx.rel(ctx.model_path)},
+        },
     )
     return True
+
+
+def _what_changed(before: dict, ctx: RunContext) -> str:
+    """Which of the caller's inputs differ from those a run folder was written with (a recipe's
+    data, model or seed when the run has no caller inputs)."""
+    old, new = before.get("inputs") or {}, ctx.inputs.identity if ctx.inputs else {}
+    if not (old and new):
+        return "data, model or seed changed"
+    changes = []
+    m0, m1 = old.get("model", {}), new["model"]
+    if m0.get("architecture") != m1["architecture"]:
+        changes.append(f"the model's architecture changed ({m0.get('class')} -> {m1['class']})")
+    elif m0.get("weights") != m1["weights"]:
+        changes.append(f"the model's weights changed ({m0.get('weights')} -> {m1['weights']})")
+    d0, d1 = old.get("data", {}), new["data"]
+    if d0 != d1:
+        what = [k for k in d1 if d0.get(k) != d1[k]]
+        changes.append(f"the data changed ({', '.join(what)})")
+    return "; ".join(changes) or "the seed or recipe changed"

@@ -2,12 +2,41 @@
 
 Recipe validation asks STAGES for each stage's config, so a recipe is loaded through here
 (`effvision.load_recipe` is this module's): the stage modules sit above effvision.recipe, and
-only a module at their level may import them."""
+only a module at their level may import them.
+
+For effvision.compress, each stage type's config is also here under its own name with its type
+filled in (`Prune(ratio=0.5)` is the recipe entry `{type: prune, ratio: 0.5}`): the same typed
+config, validated the same way."""
+
+from pydantic import create_model
 
 from .compress import qat_stage as _qat  # noqa: F401  (registers qat)
 from .compress import stages as _compress  # noqa: F401  (registers select, prune, distill, quantize)
 from .deploy import stages as _deploy  # noqa: F401  (registers export, evaluate, bench)
 from .recipe import load_recipe, validate_recipe
+from .registry import STAGES
 from .train import stage as _train  # noqa: F401  (registers train)
 
-__all__ = ["load_recipe", "validate_recipe"]
+
+def _typed(kind: str):
+    base = STAGES.get(kind).config
+    return create_model(kind.capitalize(), __base__=base, __module__=__name__, type=(str, kind))
+
+
+Select, Train, Prune, Distill, Quantize, Qat, Export, Evaluate, Bench = (
+    _typed(k) for k in ("select", "train", "prune", "distill", "quantize", "qat", "export", "evaluate", "bench")
+)
+
+__all__ = [
+    "load_recipe",
+    "validate_recipe",
+    "Select",
+    "Train",
+    "Prune",
+    "Distill",
+    "Quantize",
+    "Qat",
+    "Export",
+    "Evaluate",
+    "Bench",
+]

@@ -12,7 +12,7 @@ from effvision.cli import main
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def recipe(tmp_path_factory):
     """The zoo's digits ResNet-8 aimed at 1.3x in one step (and uniform pruning matched to it)."""
     tmp = tmp_path_factory.mktemp("pareto")
     raw = {
@@ -31,11 +31,19 @@ def study(tmp_path_factory):
     }
     recipe = tmp / "pareto.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    out = tmp / "study"
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def study(recipe):
+    """The study run (110 to 185 s on 2 cores: a latency table, a ratio search, four pipelines),
+    so its tests are slow ones (make test-all, make bench)."""
+    out = recipe.parent / "study"
     code = main(["study", "pareto", str(recipe), "--targets", "1.3", "--out", str(out)])
     return code, recipe, out
 
 
+@pytest.mark.slow
 def test_pareto_study_compares_with_uniform_pruning_at_matched_latency(study):
     code, _, out = study
     assert code == 0
@@ -75,6 +83,7 @@ def test_pareto_study_compares_with_uniform_pruning_at_matched_latency(study):
     assert (out / "pareto.md").is_file() and (out / "pareto.png").is_file() and (out / "pareto-size.png").is_file()
 
 
+@pytest.mark.slow
 def test_a_rerun_resumes_without_running_a_recipe_again(study, monkeypatch):
     _, recipe, out = study
 
@@ -100,8 +109,7 @@ def test_a_rerun_resumes_without_running_a_recipe_again(study, monkeypatch):
         (["--set", "target=null"], ["needs a prune stage that aims at a target"]),
     ],
 )
-def test_bad_study_arguments_are_one_line(study, args, words, capsys, tmp_path):
-    _, recipe, _ = study
+def test_bad_study_arguments_are_one_line(recipe, args, words, capsys, tmp_path):
     capsys.readouterr()
     code = main(["study", "pareto", str(recipe), *args, "--out", str(tmp_path / "s")])
     err = capsys.readouterr().err.strip()

@@ -97,8 +97,11 @@ def _resize(model: nn.Module, layers: dict[str, dict], state: dict) -> None:
                     m.register_buffer(pname, new)
 
 
-def load_checkpoint(path: str | Path) -> nn.Module:
-    """Rebuild the (possibly pruned) model saved by save_checkpoint()."""
+def load_checkpoint(path: str | Path, model: nn.Module | None = None) -> nn.Module:
+    """Rebuild the (possibly pruned) model saved by save_checkpoint(). A checkpoint of a model
+    effvision.compress was given (the caller's own module) is rebuilt from `model`, a new
+    instance of that module (unpruned, any weights)."""
+    from .caller import CALLER, remember
     from .factory import build
 
     ckpt = _read(path)
@@ -106,6 +109,8 @@ def load_checkpoint(path: str | Path) -> nn.Module:
         raise EffvisionError(
             f"{path} is not an effvision checkpoint (use --pretrained / model.pretrained for plain weights)"
         )
+    if model is not None and str(ckpt["spec"].get("arch", "")).startswith(CALLER):
+        remember(ckpt["spec"], model)
     model = build(ckpt["spec"])
     _resize(model, ckpt["layers"], ckpt["state_dict"])
     _load_state(model, ckpt["state_dict"], path, strict=True)

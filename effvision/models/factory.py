@@ -9,6 +9,7 @@ from torch import nn
 from ..registry import MODELS, UnknownNameError, suggest
 from . import cifar_resnet, points, speednet, video  # noqa: F401  (register the built-in architectures)
 from .adapters import create_timm, create_torchvision
+from .caller import CALLER, build_caller
 from .zoo import get_card, list_cards
 
 
@@ -56,6 +57,8 @@ def _clip_kwargs(builder, size: list[int] | None) -> dict:
 def build(spec: dict) -> nn.Module:
     """Instantiate a spec made by resolve() with random weights."""
     arch, n, size, kwargs = spec["arch"], spec["num_classes"], spec["input_size"], dict(spec["kwargs"])
+    if arch.startswith(CALLER):
+        return build_caller(spec)
     if arch.startswith("timm:"):
         model = create_timm(arch[5:], n, size, **kwargs)
     elif arch.startswith("torchvision:"):

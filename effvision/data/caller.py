@@ -1,0 +1,189 @@
+"""Data the caller holds (effvision.compress on any Dataset or DataLoader): (input, label) pairs
+already in the form the model takes, so no transform is applied; the input shape is read from the
+first sample, the classes from the labels. Checked before any long work: a sample that is not a
+tensor and a label, inputs of differing shapes, labels outside 0..classes-1."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..errors import EffvisionError
+from ..recipe import DataConfig
+from . import DatasetBundle
+from .cards import DatasetCard
+from .timing import NO_SPLIT
+
+CALLER_DATA = "caller"
+SAMPLED = 64  # items hashed into the data's identity (spread over each split), besides the sizes
+
+
+class _ScanReport:
+    bad: list = []
+
+
+class CallerSplit(Dataset):
+    """One split of the caller's data, with the `targets`, `classes` and `report` effvision's
+    datasets carry (labels read once, here)."""
+
+    def __init__(self, ds: Dataset, split: str, classes: Optional[list[str]] = None):
+        self.ds, self.split_name = ds, split
+        try:
+            n = len(ds)
+        except TypeError:
+            raise EffvisionError(
+                f"{split} data: an iterable-style dataset has no length; give a map-style Dataset"
+            ) from None
+        if n == 0:
+            raise EffvisionError(f"{split} data is empty")
+        given = getattr(ds, "targets", None)  # ImageFolder's and most datasets': no decoding needed
+        if given is not None and len(given) == n:
+            self.targets = [_label((None, y), split, i) for i, y in enumerate(given)]
+        else:
+            self.targets = [_label(self._item(i), split, i) for i in range(n)]
+        self.classes = classes or [str(c) for c in range(max(self.targets) + 1)]
+        self.report = _ScanReport()
+        self.split = NO_SPLIT
+
+    def _item(self, i: int):
+        item = self.ds[i]
+        if not isinstance(item, (tuple, list)) or len(item) < 2:
+            raise EffvisionError(
+                f"{self.split_name} data: item {i} is {type(item).__name__}, not an (input, label) pair"
+            )
+        return item
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        x, y = self._item(i)[:2]
+        if not isinstance(x, (torch.Tensor, np.ndarray)):
+            raise EffvisionError(
+                f"{self.split_name} data: item {i}'s input is a {type(x).__name__}, not a tensor; give the dataset "
+                "a transform that makes one (e.g. torchvision.transforms.ToTensor())"
+            )
+        return torch.as_tensor(x), int(y)
+
+
+def _label(item, split: str, i: int) -> int:
+    y = item[1]
+    if isinstance(y, torch.Tensor):
+        if y.numel() != 1:
+            raise EffvisionError(
+                f"{split} data: item {i}'s label has shape {tuple(y.shape)}; a class index is expected"
+            )
+        y = y.item()
+    if isinstance(y, float) and not y.is_integer() or not isinstance(y, (int, float)) or isinstance(y, bool):
+        raise EffvisionError(f"{split} data: item {i}'s label is {y!r}; a class index (int) is expected")
+    if y < 0:
+        raise EffvisionError(f"{split} data: item {i}'s label is {int(y)}; class indices start at 0")
+    return int(y)
+
+
+def _dataset(data: Any, split: str) -> tuple[Dataset, Optional[int]]:
+    if isinstance(data, DataLoader):
+        return data.dataset, data.batch_size
+    if isinstance(data, Dataset) or hasattr(data, "__getitem__"):
+        return data, None
+    raise EffvisionError(f"{split}: a torch Dataset or DataLoader is expected, got {type(data).__name__}")
+
+
+@dataclass
+class CallerBundle(DatasetBundle):
+    """A DatasetBundle over the caller's splits: inputs as given (no transforms, no batched path)."""
+
+    shape: tuple = ()
+
+    @property
+    def input_size(self) -> list[int]:
+        return list(self.shape)
+
+    @property
+    def train_tf(self):
+        return _identity
+
+    @property
+    def eval_tf(self):
+        return _identity
+
+    def batched_train_loader(self, *args, required: bool = False, **kwargs):
+        if required:
+            raise EffvisionError("tensor_data: the caller's data is read per sample (turn tensor_data off)")
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "modality": self.modality,
+            "train_size": len(self.train),
+            "val_size": len(self.val),
+            "num_classes": self.num_classes,
+            "bad_samples": 0,
+            "input_shape": self.input_size,
+        }
+
+
+def _identity(x):
+    return x
+
+
+def caller_data(train: Any, val: Any, batch_size: int = 64, classes: Optional[list[str]] = None) -> CallerBundle:
+    """The caller's train and val data as a bundle the stages read (labels and shapes checked)."""
+    train_ds, train_bs = _dataset(train, "train")
+    val_ds, _ = _dataset(val, "val")
+    classes = classes or getattr(train_ds, "classes", None)
+    tr = CallerSplit(train_ds, "train", list(classes) if classes else None)
+    va = CallerSplit(val_ds, "val", tr.classes)
+    n = len(tr.classes)
+    for split in (tr, va):
+        top = max(split.targets)
+        if top >= n:
+            raise EffvisionError(
+                f"{split.split_name} data: label {top} is out of range for {n} classes (0..{n - 1}); "
+                "give classes=[...] or relabel"
+            )
+    shape = tuple(tr[0][0].shape)
+    for split in (tr, va):
+        for i in _spread(len(split)):
+            got = tuple(split[i][0].shape)
+            if got != shape:
+                raise EffvisionError(
+                    f"{split.split_name} data: item {i} has input shape {got}, item 0 of train {shape}; "
+                    "every input must have one shape"
+                )
+    if not shape:
+        raise EffvisionError("train data: the inputs are scalars; a tensor per sample (e.g. C x H x W) is expected")
+    modality = {3: "image", 4: "video", 2: "points"}.get(len(shape), "image")
+    card = DatasetCard(name=CALLER_DATA, source=CALLER_DATA, modality=modality, num_classes=n)
+    config = DataConfig(name=CALLER_DATA, batch_size=batch_size or train_bs or 64)
+    return CallerBundle(CALLER_DATA, modality, card, config, tr, va, list(tr.classes), shape=shape)
+
+
+def _spread(n: int) -> list[int]:
+    """Up to SAMPLED indices spread over 0..n-1, the first and last included."""
+    if n <= SAMPLED:
+        return list(range(n))
+    return sorted({round(k * (n - 1) / (SAMPLED - 1)) for k in range(SAMPLED)})
+
+
+def data_identity(bundle: CallerBundle) -> dict:
+    """Sizes, classes and a hash of items spread over each split: a re-run resumes only on the same data."""
+    h = hashlib.sha256()
+    for split in (bundle.train, bundle.val):
+        for i in _spread(len(split)):
+            x, y = split[i]
+            h.update(f"{i}:{y}:".encode())
+            h.update(x.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return {
+        "train_size": len(bundle.train),
+        "val_size": len(bundle.val),
+        "classes": bundle.classes,
+        "input_shape": bundle.input_size,
+        "items": h.hexdigest()[:16],
+    }
