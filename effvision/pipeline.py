@@ -129,7 +129,10 @@ class RunContext:
 
         if self.inputs is not None:
             model = copy.deepcopy(self.inputs.model)
-            model.effvision_spec = {**self.inputs.model.effvision_spec, "data": {"name": self.data.name}}
+            model.effvision_spec = {
+                **self.inputs.model.effvision_spec,
+                "data": {"name": self.data.name, "root": None, "image_size": None},
+            }
             return model
         m, d = self.recipe.model, self.recipe.data
         model = create_model(

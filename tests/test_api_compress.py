@@ -6,6 +6,8 @@ before any long work; a timm model with a replaced head on a torchvision ImageFo
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -98,6 +100,13 @@ def test_the_callers_module_and_dataset_compress_resume_and_restart_on_other_wei
     model = effvision.load_checkpoint(run_dir / "stages" / "3-distill" / "model.pt", model=TinyNet())
     assert sum(p.numel() for p in model.parameters()) == pruned["params"]
 
+    # another process cannot rebuild the caller's class by name: one line says how to load it
+    export = [sys.executable, "-m", "effvision.cli", "export", str(run_dir / "stages" / "3-distill" / "model.pt")]
+    out = subprocess.run([*export, "--out", str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=300)
+    err = out.stderr.strip()
+    assert out.returncode == 1 and "effvision.load_checkpoint(path, model=TinyNet(...))" in err, err
+    assert len(err.splitlines()) == 1, err
+
     # the same call again: every stage resumed, none re-ran
     kept = _stage_records(run_dir)
     again = effvision.compress(_net(), train, val, stages=STAGES, target=TARGET, run_dir=run_dir, batch_size=16)
@@ -110,6 +119,23 @@ def test_the_callers_module_and_dataset_compress_resume_and_restart_on_other_wei
     changed = effvision.compress(other, train, val, stages=STAGES[:2], run_dir=run_dir, batch_size=16)
     assert changed.started_afresh and "the model's weights changed" in changed.started_afresh, changed.started_afresh
     assert _stage_records(run_dir)["1-baseline"] != kept["1-baseline"]
+
+
+def test_a_recipe_files_stages_run_on_the_callers_model_and_data(tmp_path):
+    """recipe=<file>: its stages, seed and batch size; its model and data are the call's."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: mine\nseed: 1\nmodel: {name: cifar_resnet8}\ndata: {name: cifar10, batch_size: 16}\nstages:\n"
+        "  - {name: baseline, type: train, epochs: 2, optimizer: adamw, lr: 0.01}\n  - {type: prune, ratio: 0.5}\n"
+    )
+    result = effvision.compress(
+        _net(), SmallDigits("train"), SmallDigits("val"), recipe=recipe, run_dir=tmp_path / "run"
+    )
+    assert [r["name"] for r in result.rows] == ["baseline", "prune"]
+    resolved = (tmp_path / "run" / "recipe.yaml").read_text()
+    assert "seed: 1" in resolved and "batch_size: 16" in resolved and "cifar" not in resolved.split("stages:")[0]
+    with pytest.raises(EffvisionError, match="either stages"):
+        effvision.compress(_net(), SmallDigits("train"), SmallDigits("val"), recipe=recipe, stages=STAGES)
 
 
 class _Reshaping(TinyNet):
@@ -179,8 +205,6 @@ def test_a_timm_model_with_a_new_head_on_an_image_folder(tmp_path):
 
 def test_the_example_script_runs(tmp_path):
     """examples/compress_own_model.py, as a user runs it."""
-    import subprocess
-    import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "examples" / "compress_own_model.py"
