@@ -14,7 +14,6 @@ them, and (with a prune stage) that the pruner can trace the model."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -28,16 +27,25 @@ from .fileio import read_json
 
 @dataclass
 class CompressResult:
-    """What a compress call measured: the report's rows, the file that ships, the reference
-    comparison (with a bench stage) and the run folder."""
+    """What a compress call measured: its report (rows, reference comparison, headline), the
+    file that ships and the run folder."""
 
     run_dir: Path
-    rows: list[dict]
+    report: dict = field(repr=False)
     shipped: Optional[Path]
-    reference: Optional[dict]
-    headline: Optional[dict]
     started_afresh: Optional[str]  # why an earlier run in run_dir was set aside (None: resumed or new)
-    report: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.report["stages"]
+
+    @property
+    def reference(self) -> Optional[dict]:
+        return self.report.get("reference")
+
+    @property
+    def headline(self) -> Optional[dict]:
+        return self.report.get("headline")
 
     def table(self) -> str:
         return (self.run_dir / "report.md").read_text()
@@ -66,47 +74,47 @@ def compress(
     replaced by the call's. target: {"speedup": 2.0, ...} as a recipe's target. A second call into
     the same run_dir resumes; with another model (architecture or weights) or other data it starts
     afresh, and result.started_afresh says why."""
-    from .data.caller import caller_data, data_identity
+    from .data.caller import caller_data
+    from .models import build
     from .models.caller import adopt
     from .pipeline import CallerInputs, run_pipeline
+    from .stages import validate_recipe
 
     if not isinstance(model, nn.Module):
         raise EffvisionError(f"model: an nn.Module is expected, got {type(model).__name__}")
     if (stages is None) == (recipe is None):
         raise EffvisionError("give either stages=[...] or recipe=<file>")
-    data = caller_data(train, val, batch_size or 0, classes)
-    _check_output(model, data)
-    own, identity = adopt(model, data.num_classes, data.input_size)
-    raw = _recipe_raw(recipe, stages, target, seed, device, name, data)
-    raw["model"] = {"name": own.effvision_spec["name"]}
-    from .stages import validate_recipe
-
+    raw = _recipe_raw(recipe, stages, target, seed, device, name)
+    data = caller_data(train, val, {**raw["data"], **({"batch_size": batch_size} if batch_size else {})}, classes)
+    raw["data"] = data.config.model_dump(mode="json", exclude_defaults=True)
+    spec, identity = adopt(model, data.num_classes, data.input_size)
+    _check_output(build(spec), data)
+    raw["model"] = {"name": spec["name"]}
     typed = validate_recipe(raw, str(recipe) if recipe else "<effvision.compress>")
     typed._source = str(recipe) if recipe else None
     if any(s.type == "prune" for s in typed.stages):
-        _check_prunable(own, data)
+        _check_prunable(build(spec), data)
     run_dir = Path(run_dir or Path("runs") / typed.name)
-    inputs = CallerInputs(own, data, {"model": identity, "data": data_identity(data)})
     before = _init_fingerprint(run_dir)
-    report = run_pipeline(typed, run_dir, inputs=inputs)
+    report = run_pipeline(typed, run_dir, inputs=CallerInputs(spec, data, {"model": identity, "data": data.identity}))
     return _result(run_dir, report, before)
 
 
-def _recipe_raw(recipe, stages, target, seed, device, name, data) -> dict:
+def _recipe_raw(recipe, stages, target, seed, device, name) -> dict:
+    """The recipe as a mapping, without model (the call's) and with only the data keys that
+    apply to the caller's data (batch sizes)."""
     if recipe is not None:
         from .recipe import read_yaml
 
         raw = read_yaml(Path(recipe)) or {}
         if not isinstance(raw, dict):
             raise EffvisionError(f"{recipe}: a recipe must be a YAML mapping")
-        raw.pop("model", None)  # the call's model and data replace the recipe's
+        raw.pop("model", None)
         raw.pop("presets", None)
-        data_cfg = {k: v for k, v in (raw.pop("data", None) or {}).items() if k in ("batch_size", "eval_batch_size")}
+        given = raw.pop("data", None) or {}
+        raw["data"] = {k: v for k, v in given.items() if k in ("batch_size", "eval_batch_size")}
     else:
-        raw = {"name": name, "seed": seed, "device": device, "stages": [_stage_dict(s) for s in stages]}
-        data_cfg = {}
-    raw["data"] = {"name": data.config.name, "batch_size": data.config.batch_size, **data_cfg}
-    data.config = data.config.model_copy(update=raw["data"])
+        raw = {"name": name, "seed": seed, "device": device, "stages": [_stage_dict(s) for s in stages], "data": {}}
     if target is not None:
         raw["target"] = target.model_dump(mode="json", exclude_unset=True) if hasattr(target, "model_dump") else target
     return raw
@@ -125,10 +133,10 @@ def _sample_batch(data, n: int = 2) -> torch.Tensor:
     return torch.stack([data.train[i][0] for i in range(min(n, len(data.train)))]).float()
 
 
-def _check_output(model: nn.Module, data) -> None:
-    """The model takes the data's inputs and gives one logit per class."""
+def _check_output(probe: nn.Module, data) -> None:
+    """The model (a copy) takes the data's inputs and gives one logit per class."""
     x = _sample_batch(data)
-    probe = copy.deepcopy(model).cpu().eval()
+    probe.eval()
     try:
         with torch.no_grad():
             out = probe(x)
@@ -148,9 +156,10 @@ def _check_output(model: nn.Module, data) -> None:
 
 def _check_prunable(model: nn.Module, data) -> None:
     """A prune stage will trace the model: try it on a copy now rather than after training."""
+    name = model.effvision_spec["class"].split(".")[-1]
     from .compress.prune import prune
 
-    trial = copy.deepcopy(model)
+    trial = model  # a copy
     try:
         prune(trial, 0.1)
         with torch.no_grad():
@@ -159,7 +168,7 @@ def _check_prunable(model: nn.Module, data) -> None:
         raise
     except Exception as exc:  # noqa: BLE001
         raise EffvisionError(
-            f"the pruner cannot trace {type(model).__name__}: {type(exc).__name__}: "
+            f"the pruner cannot trace {name}: {type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''} (leave out the prune stage, or name the layers "
             "it cannot follow in its ignore: list)"
         ) from None
@@ -171,20 +180,15 @@ def _init_fingerprint(run_dir: Path) -> Optional[str]:
 
 
 def _result(run_dir: Path, report: dict, before: Optional[str]) -> CompressResult:
-    records = [
-        read_json(run_dir / "stages" / r["stage_dir"] / "metrics.json") for r in report["stages"] if r.get("stage_dir")
-    ]
-    # the file that ships: the last exported one, else the last model (as the report's headline)
-    exported = [r["artifacts"].get("onnx") or r["artifacts"].get("pte") for r in records]
-    models = [r["artifacts"].get("model") for r in records]
-    shipped = next((p for p in reversed(exported) if p), None) or next((p for p in reversed(models) if p), None)
+    from .pipeline import shipped_record
+
+    records = [read_json(run_dir / "stages" / r["stage_dir"] / "metrics.json") for r in report["stages"]]
+    arts = shipped_record(records)["artifacts"]
+    shipped = arts.get("onnx") or arts.get("pte") or arts.get("model")
     init = read_json(run_dir / "stages" / "0-init" / "metrics.json")
     return CompressResult(
         run_dir=run_dir,
-        rows=report["stages"],
-        shipped=run_dir / shipped if shipped else None,
-        reference=report.get("reference"),
-        headline=report.get("headline"),
-        started_afresh=init.get("started_afresh") if before and before != init["fingerprint"] else None,
         report=report,
+        shipped=run_dir / shipped if shipped else None,
+        started_afresh=init.get("started_afresh") if before and before != init["fingerprint"] else None,
     )

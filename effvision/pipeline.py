@@ -49,9 +49,16 @@ def _hash(*parts: Any) -> str:
 class CallerInputs:
     """A model and data the caller holds (effvision.compress), in place of the recipe's names."""
 
-    model: torch.nn.Module  # effvision's copy (models/caller.py), not the caller's object
+    spec: dict  # what build() makes the caller's model from (models/caller.py)
     data: Any  # a CallerBundle (data/caller.py)
     identity: dict  # {"model": architecture and weights hashes, "data": sizes and items hash}
+
+
+def shipped_record(records: list[dict]) -> dict:
+    """The record of the artifact that ships: the last exported file, else the last model."""
+    exported = (r for r in reversed(records) if {"onnx", "pte"} & set(r["artifacts"]))
+    models = (r for r in reversed(records) if "model" in r["artifacts"])
+    return next(exported, None) or next(models, records[-1])
 
 
 class RunContext:
@@ -125,22 +132,19 @@ class RunContext:
         return self._model
 
     def initial_model(self) -> torch.nn.Module:
-        from .models import create_model
+        from .models import build, create_model
 
-        if self.inputs is not None:
-            model = copy.deepcopy(self.inputs.model)
-            model.effvision_spec = {
-                **self.inputs.model.effvision_spec,
-                "data": {"name": self.data.name, "root": None, "image_size": None},
-            }
-            return model
         m, d = self.recipe.model, self.recipe.data
-        model = create_model(
-            m.name,
-            num_classes=self.data.num_classes,
-            pretrained=m.pretrained,
-            input_size=self.data.input_size,
-            **m.kwargs,
+        model = (
+            build(self.inputs.spec)
+            if self.inputs
+            else create_model(
+                m.name,
+                num_classes=self.data.num_classes,
+                pretrained=m.pretrained,
+                input_size=self.data.input_size,
+                **m.kwargs,
+            )
         )
         # Saved with every checkpoint, so `effvision export` calibrates on the data the model knows.
         model.effvision_spec["data"] = {"name": d.name, "root": d.root, "image_size": d.image_size}
@@ -209,10 +213,7 @@ class RunContext:
         return StageResult(metrics, {kind: path.name})
 
     def shipped_record(self) -> dict:
-        """The record of the artifact that ships: the last exported file, else the last model."""
-        exported = (r for r in reversed(self.records) if {"onnx", "pte"} & set(r["artifacts"]))
-        models = (r for r in reversed(self.records) if "model" in r["artifacts"])
-        return next(exported, None) or next(models, self.records[-1])
+        return shipped_record(self.records)
 
     def bench_result(self, measurements: list[dict], extra: dict | None = None) -> StageResult:
         """The bench row describes the artifact that ships (the last exported file, else the last model)."""

@@ -76,3 +76,34 @@ def wait_for_checkpoint(proc, path, epoch: int, timeout_s: float = 300.0) -> Non
         assert alive, f"the run ended before {path} had epoch {epoch}"
         assert time.monotonic() < deadline, f"no checkpoint of epoch {epoch} at {path} after {timeout_s} s"
         time.sleep(0.01)
+
+
+def log_of(run_dir) -> str:
+    """Where a run's stdout and stderr go: beside its folder."""
+    return str(run_dir) + ".log"
+
+
+def recipe_runs(tmp_path_factory, recipe: dict):
+    """start(run_dir) -> a started `effvision compress <recipe> --run-dir run_dir` (log: log_of);
+    start.recipe is the recipe's file."""
+    import yaml
+
+    cli = forked_cli()
+    path = tmp_path_factory.mktemp("recipe") / f"{recipe['name']}.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+
+    def start(run_dir):
+        return cli(["compress", path, "--run-dir", run_dir], log_of(run_dir))
+
+    start.recipe = path
+    return start
+
+
+def finish(start, run_dir) -> None:
+    """Run start(run_dir) to its end; it must succeed."""
+    from pathlib import Path
+
+    proc = start(run_dir)
+    proc.join(600)
+    log = Path(log_of(run_dir)).read_text()
+    assert proc.exitcode == 0, f"run in {run_dir} failed (exit {proc.exitcode}):\n{log[-2000:]}"

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import onnx
 import pytest
-import yaml
 from conftest import INT8_ALWAYS
-from forked_cli import checkpoint_epoch, forked_cli, wait_for_checkpoint
+from forked_cli import checkpoint_epoch, finish, recipe_runs, wait_for_checkpoint
 
 from effvision.cli import main
 from effvision.models import load_checkpoint
@@ -55,22 +54,7 @@ STAGES = ["baseline", "prune", "export", "quantize", "bench"]
 
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
-    cli = forked_cli()
-    recipe = tmp_path_factory.mktemp("recipe") / "crash.yaml"
-    recipe.write_text(yaml.safe_dump(RECIPE))
-
-    def start(run_dir: Path):
-        return cli(["compress", recipe, "--run-dir", run_dir], str(run_dir) + ".log")
-
-    start.recipe = recipe
-    return start
-
-
-def _finish(start, run_dir: Path) -> None:
-    proc = start(run_dir)
-    proc.join(600)
-    log = Path(str(run_dir) + ".log").read_text()
-    assert proc.exitcode == 0, f"run in {run_dir} failed (exit {proc.exitcode}):\n{log[-2000:]}"
+    return recipe_runs(tmp_path_factory, RECIPE)
 
 
 def _finished_stages(run_dir: Path) -> dict[str, str]:
@@ -130,7 +114,7 @@ def _trial(start, run_dir: Path, kill_at: float) -> tuple[dict, dict, dict]:
         shutil.rmtree(run_dir)
         kill_at /= 2
     before, checkpoints = _finished_stages(run_dir), _epoch_checkpoints(run_dir)
-    _finish(start, run_dir)
+    finish(start, run_dir)
     after = _finished_stages(run_dir)
     info = {"killed": killed, "kill_at": kill_at and round(kill_at, 2), "checkpoints": checkpoints}
     return info, before, after

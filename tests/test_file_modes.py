@@ -12,24 +12,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import INT8_ALWAYS
+from conftest import INT8_ALWAYS, tiny_recipe
 from forked_cli import forked_cli
 
 from effvision.deploy.executorch_export import executorch_missing
 
-RECIPE = {
-    "name": "modes",
-    "seed": 0,
-    "data": {"name": "digits", "max_train_samples": 200, "max_val_samples": 60, "batch_size": 32},
-    "model": {"name": "cifar_resnet8", "kwargs": {"width": 0.25}},
-    "stages": [
+RECIPE = tiny_recipe(
+    name="modes",
+    stages=[
         {"name": "baseline", "type": "train", "epochs": 2, "optimizer": "adamw", "lr": 3e-3},
         {"type": "prune", "ratio": 0.5},
         {"type": "export"},
         {"type": "quantize", "calibration": {"n": 32}, **INT8_ALWAYS},
         {"type": "bench", "backends": ["onnxruntime-cpu"], "batches": [1], "warmup": 1, "repeats": 3},
     ],
-}
+)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from forked_cli import checkpoint_epoch, forked_cli, wait_for_checkpoint
+from conftest import tiny_recipe
+from forked_cli import checkpoint_epoch, finish, log_of, recipe_runs, wait_for_checkpoint
 
 from effvision.cli import main
 from effvision.data import load_dataset
@@ -33,12 +34,9 @@ from effvision.train import checkpoint as ckpt
 CPU = torch.device("cpu")
 
 EPOCHS = 5
-RECIPE = {
-    "name": "resume",
-    "seed": 0,
-    "data": {"name": "digits", "max_train_samples": 400, "max_val_samples": 120, "batch_size": 32},
-    "model": {"name": "cifar_resnet8", "kwargs": {"width": 0.25}},
-    "stages": [
+RECIPE = tiny_recipe(
+    name="resume",
+    stages=[
         # EMA, label smoothing and a target: every piece of the loop's state has to come back
         # (seed 0 reaches 0.15 in epoch 4, after the kills below). The per-sample DataLoader: its
         # shuffling and augmentations draw on the random states the checkpoint restores (the
@@ -59,7 +57,7 @@ RECIPE = {
         # feature distillation: its 1x1 adapters train too, and are in the checkpoint
         {"type": "distill", "epochs": EPOCHS, "optimizer": "adamw", "lr": 3e-3, "features": {"method": "fitnet"}},
     ],
-}
+)
 STAGES = {"baseline": "1-baseline", "prune": "2-prune", "distill": "3-distill"}
 TIMED = "train_s"  # the one history field that is a measurement
 
@@ -72,35 +70,15 @@ def digits():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """start(run_dir) -> the running `effvision compress` of RECIPE into run_dir; .recipe its file."""
-    cli = forked_cli()
-    recipe = tmp_path_factory.mktemp("recipe") / "resume.yaml"
-    recipe.write_text(yaml.safe_dump(RECIPE))
-
-    def start(run_dir: Path):
-        return cli(["compress", recipe, "--run-dir", run_dir], _log(run_dir))
-
-    start.recipe = recipe
-    return start
+    return recipe_runs(tmp_path_factory, RECIPE)
 
 
 @pytest.fixture(scope="module")
 def reference(runs, tmp_path_factory):
     """The run never stopped."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    _finish(runs, run_dir)
+    finish(runs, run_dir)
     return run_dir
-
-
-def _log(run_dir: Path) -> str:
-    return str(run_dir) + ".log"
-
-
-def _finish(runs, run_dir: Path) -> None:
-    proc = runs(run_dir)
-    proc.join(600)
-    assert proc.exitcode == 0, (
-        f"run in {run_dir} failed (exit {proc.exitcode}):\n{Path(_log(run_dir)).read_text()[-2000:]}"
-    )
 
 
 def _checkpoint(run_dir: Path, stage: str) -> Path:
@@ -166,7 +144,7 @@ def test_a_run_killed_inside_training_and_inside_distillation_ends_as_if_never_s
     proc = runs(run_dir)  # goes on in the baseline's epoch in_baseline + 1, then is killed in distillation
     in_distill = _kill_in_epoch_3(proc, _checkpoint(run_dir, "distill"))
     assert (run_dir / "stages" / "2-prune" / "metrics.json").is_file()
-    _finish(runs, run_dir)
+    finish(runs, run_dir)
 
     assert_same_as(reference, run_dir, {"baseline": in_baseline, "distill": in_distill})
     # the epochs before the kill were not trained again: their timings are the checkpoint's
@@ -185,11 +163,11 @@ def test_sigterm_and_sigint_say_what_was_kept_and_the_run_continues(runs, refere
         f"and {stage} at epoch {epoch}/{EPOCHS}; "
         f"continue with: effvision compress {runs.recipe} --run-dir {run_dir}"
     )
-    lines = Path(_log(run_dir)).read_text().splitlines()
+    lines = Path(log_of(run_dir)).read_text().splitlines()
     assert lines[-1] == line, lines[-5:]
     assert "Traceback" not in "\n".join(lines)
     assert not list(run_dir.rglob("*.tmp")), "the interrupt left a temporary file"
-    _finish(runs, run_dir)
+    finish(runs, run_dir)
     assert_same_as(reference, run_dir, {stage: epoch})
 
 
@@ -262,7 +240,7 @@ def _torchrun(recipe: Path, run_dir: Path, scratch: Path) -> subprocess.Popen:
     """`effvision train --nproc 2` in a session of its own (its whole process group can be killed)."""
     env = {**os.environ, "EFFVISION_QUIET": "1", "TMPDIR": str(scratch)}
     cmd = [sys.executable, "-m", "effvision.cli", "train", str(recipe), "--nproc", "2", "--run-dir", str(run_dir)]
-    log = open(_log(run_dir), "a")
+    log = open(log_of(run_dir), "a")
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -297,7 +275,7 @@ def test_two_processes_killed_inside_training_end_as_if_never_stopped(tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     ref = tmp_path / "reference"
-    assert _torchrun(recipe, ref, scratch).wait(600) == 0, Path(_log(ref)).read_text()[-2000:]
+    assert _torchrun(recipe, ref, scratch).wait(600) == 0, Path(log_of(ref)).read_text()[-2000:]
 
     run_dir = tmp_path / "killed"
     proc = _torchrun(recipe, run_dir, scratch)
@@ -317,7 +295,7 @@ def test_two_processes_killed_inside_training_end_as_if_never_stopped(tmp_path):
     epoch = checkpoint_epoch(path)
     assert 2 <= epoch < EPOCHS
     assert torch.load(path, map_location="cpu", weights_only=True)["processes"] == 2
-    assert _torchrun(recipe, run_dir, scratch).wait(600) == 0, Path(_log(run_dir)).read_text()[-2000:]
+    assert _torchrun(recipe, run_dir, scratch).wait(600) == 0, Path(log_of(run_dir)).read_text()[-2000:]
 
     want = torch.load(ref / "stages" / "1-baseline" / "model.pt", map_location="cpu", weights_only=False)["state_dict"]
     got = torch.load(run_dir / "stages" / "1-baseline" / "model.pt", map_location="cpu", weights_only=False)

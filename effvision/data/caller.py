@@ -6,7 +6,7 @@ tensor and a label, inputs of differing shapes, labels outside 0..classes-1."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -14,17 +14,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import EffvisionError
+from ..models.caller import tensor_bytes
 from ..recipe import DataConfig
 from . import DatasetBundle
 from .cards import DatasetCard
+from .images import ScanReport
 from .timing import NO_SPLIT
 
 CALLER_DATA = "caller"
 SAMPLED = 64  # items hashed into the data's identity (spread over each split), besides the sizes
-
-
-class _ScanReport:
-    bad: list = []
 
 
 class CallerSplit(Dataset):
@@ -47,7 +45,7 @@ class CallerSplit(Dataset):
         else:
             self.targets = [_label(self._item(i), split, i) for i in range(n)]
         self.classes = classes or [str(c) for c in range(max(self.targets) + 1)]
-        self.report = _ScanReport()
+        self.report = ScanReport(total=n)
         self.split = NO_SPLIT
 
     def _item(self, i: int):
@@ -99,6 +97,7 @@ class CallerBundle(DatasetBundle):
     """A DatasetBundle over the caller's splits: inputs as given (no transforms, no batched path)."""
 
     shape: tuple = ()
+    identity: dict = field(default_factory=dict)  # sizes, classes, input shape, hash of sampled items
 
     @property
     def input_size(self) -> list[int]:
@@ -133,9 +132,12 @@ def _identity(x):
     return x
 
 
-def caller_data(train: Any, val: Any, batch_size: int = 64, classes: Optional[list[str]] = None) -> CallerBundle:
-    """The caller's train and val data as a bundle the stages read (labels and shapes checked)."""
-    train_ds, train_bs = _dataset(train, "train")
+def caller_data(
+    train: Any, val: Any, config: Optional[dict] = None, classes: Optional[list[str]] = None
+) -> CallerBundle:
+    """The caller's train and val data as a bundle the stages read (labels and shapes checked);
+    config: DataConfig fields (batch sizes; default batch: a DataLoader's, else 64)."""
+    train_ds, loader_batch = _dataset(train, "train")
     val_ds, _ = _dataset(val, "val")
     classes = classes or getattr(train_ds, "classes", None)
     tr = CallerSplit(train_ds, "train", list(classes) if classes else None)
@@ -148,21 +150,32 @@ def caller_data(train: Any, val: Any, batch_size: int = 64, classes: Optional[li
                 f"{split.split_name} data: label {top} is out of range for {n} classes (0..{n - 1}); "
                 "give classes=[...] or relabel"
             )
-    shape = tuple(tr[0][0].shape)
+    # one pass over items spread over each split: every input has the first one's shape, and
+    # their bytes are the data's identity (a re-run resumes only on the same data)
+    shape, digest = tuple(tr[0][0].shape), hashlib.sha256()
     for split in (tr, va):
         for i in _spread(len(split)):
-            got = tuple(split[i][0].shape)
-            if got != shape:
+            x, y = split[i]
+            if tuple(x.shape) != shape:
                 raise EffvisionError(
-                    f"{split.split_name} data: item {i} has input shape {got}, item 0 of train {shape}; "
+                    f"{split.split_name} data: item {i} has input shape {tuple(x.shape)}, item 0 of train {shape}; "
                     "every input must have one shape"
                 )
+            digest.update(f"{i}:{y}:".encode())
+            digest.update(tensor_bytes(x))
     if not shape:
         raise EffvisionError("train data: the inputs are scalars; a tensor per sample (e.g. C x H x W) is expected")
     modality = {3: "image", 4: "video", 2: "points"}.get(len(shape), "image")
     card = DatasetCard(name=CALLER_DATA, source=CALLER_DATA, modality=modality, num_classes=n)
-    config = DataConfig(name=CALLER_DATA, batch_size=batch_size or train_bs or 64)
-    return CallerBundle(CALLER_DATA, modality, card, config, tr, va, list(tr.classes), shape=shape)
+    config = DataConfig(name=CALLER_DATA, **{"batch_size": loader_batch or 64, **(config or {})})
+    identity = {
+        "train_size": len(tr),
+        "val_size": len(va),
+        "classes": tr.classes,
+        "input_shape": list(shape),
+        "items": digest.hexdigest()[:16],
+    }
+    return CallerBundle(CALLER_DATA, modality, card, config, tr, va, list(tr.classes), shape=shape, identity=identity)
 
 
 def _spread(n: int) -> list[int]:
@@ -170,20 +183,3 @@ def _spread(n: int) -> list[int]:
     if n <= SAMPLED:
         return list(range(n))
     return sorted({round(k * (n - 1) / (SAMPLED - 1)) for k in range(SAMPLED)})
-
-
-def data_identity(bundle: CallerBundle) -> dict:
-    """Sizes, classes and a hash of items spread over each split: a re-run resumes only on the same data."""
-    h = hashlib.sha256()
-    for split in (bundle.train, bundle.val):
-        for i in _spread(len(split)):
-            x, y = split[i]
-            h.update(f"{i}:{y}:".encode())
-            h.update(x.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return {
-        "train_size": len(bundle.train),
-        "val_size": len(bundle.val),
-        "classes": bundle.classes,
-        "input_shape": bundle.input_size,
-        "items": h.hexdigest()[:16],
-    }

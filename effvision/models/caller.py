@@ -31,22 +31,27 @@ def architecture_hash(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's raw bytes, for hashing."""
+    return t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
 def weights_hash(model: nn.Module) -> str:
     h = hashlib.sha256()
     for k, v in model.state_dict().items():
         h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(tensor_bytes(v))
     return h.hexdigest()[:16]
 
 
-def adopt(model: nn.Module, num_classes: int, input_size: list[int]) -> tuple[nn.Module, dict]:
-    """A copy of the caller's model that effvision can save and rebuild (the caller's own object
-    is left as it was), and its identity: architecture and weights hashes."""
+def adopt(model: nn.Module, num_classes: int, input_size: list[int]) -> tuple[dict, dict]:
+    """The spec effvision builds the caller's model from (build() deep-copies a pristine copy
+    kept here; the caller's own object is never touched again), and its identity: class,
+    architecture and weights hashes."""
     identity = {"class": class_name(model), "architecture": architecture_hash(model), "weights": weights_hash(model)}
     key = f"{identity['architecture']}-{identity['weights']}"
     _bases[key] = copy.deepcopy(model).cpu().eval()
-    own = copy.deepcopy(_bases[key])
-    own.effvision_spec = {
+    spec = {
         "name": f"{CALLER}{identity['class']}",
         "arch": f"{CALLER}{key}",
         "num_classes": num_classes,
@@ -55,7 +60,7 @@ def adopt(model: nn.Module, num_classes: int, input_size: list[int]) -> tuple[nn
         "weights": None,
         "class": identity["class"],
     }
-    return own, identity
+    return spec, identity
 
 
 def remember(spec: dict, model: nn.Module) -> None:

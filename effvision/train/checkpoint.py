@@ -56,9 +56,9 @@ def for_stage(stage_dir: Path, label: str, every: int) -> Optional[EpochCheckpoi
     return EpochCheckpoint(Path(stage_dir) / RESUME_DIR / f"{slug}.pt", every)
 
 
-def structure(model: nn.Module) -> dict[str, list[int]]:
+def structure(state_dict: dict) -> dict[str, list[int]]:
     """Every tensor's name and shape: a checkpoint resumes only the model it was taken of."""
-    return {k: list(v.shape) for k, v in model.state_dict().items()}
+    return {k: list(v.shape) for k, v in state_dict.items()}
 
 
 def rng_state(loader) -> dict:
@@ -117,7 +117,7 @@ def load(ck: Optional[EpochCheckpoint], model: nn.Module, label: str) -> Optiona
     why = None
     if state.get("format") != FORMAT:
         why = f"format {state.get('format')}, this version writes {FORMAT}"
-    elif state.get("structure") != structure(model):
+    elif structure(state.get("model", {})) != structure(model.state_dict()):
         why = "it is of a model of other layers or widths"
     elif state.get("processes") != distributed.world():
         why = f"it was taken with {state.get('processes')} processes, this run has {distributed.world()}"

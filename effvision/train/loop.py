@@ -466,7 +466,6 @@ _RESUMED_FIELDS = (
 def snapshot(result: FitResult, model, opt, sched, scaler, ema, features) -> dict:
     """The loop's state at an epoch's end, for an epoch checkpoint (checkpoint.py)."""
     return {
-        "structure": ckpt.structure(model),
         "model": model.state_dict(),
         "optimizer": opt.state_dict(),
         "scheduler": sched.state_dict(),
