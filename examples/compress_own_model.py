@@ -8,7 +8,7 @@ runtime; everything lands in a run folder that a second run resumes. (Add
 target={"speedup": 1.5, "max_drop": 0.02} and the prune stage aims its per-layer widths at that
 measured speed-up instead of the uniform ratio: README, Recipes, `target:`.)
 
-    python examples/compress_own_model.py [RUN_DIR]      (default runs/own-model; about 15 s on 2 cores)
+    python examples/compress_own_model.py [RUN_DIR]      (default runs/own-model; about 20 s on 2 cores)
 """
 
 from __future__ import annotations
