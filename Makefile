@@ -40,49 +40,51 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -c "import effvision, torch, onnxruntime, torch_pruning, timm" 
 	@touch $(STAMP)
 
-install: $(STAMP)
+# The one install step every command relies on: the Python packages, then the system libraries.
+install: $(STAMP) sysdeps
 
-# System libraries some optional readers need (libusb for open3d): installed when we are root
+# System libraries some readers need (libusb for open3d): installed when we are root
 # with apt-get; otherwise the tests that need them skip and say what to install.
 sysdeps:
 	@if ! ldconfig -p 2>/dev/null | grep -q libusb-1.0; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    (apt-get update -qq && apt-get install -y -qq libusb-1.0-0 >/dev/null) || echo "note: could not install libusb-1.0-0"; \
-	  else echo "note: libusb-1.0-0 missing (apt-get install libusb-1.0-0); tests needing it will skip"; fi; \
+	    echo "installing the system library libusb-1.0-0 (open3d's point-cloud readers need it) ..."; \
+	    (apt-get update -qq && apt-get install -y -qq libusb-1.0-0 >/dev/null) || echo "note: could not install libusb-1.0-0: point-cloud commands will say so"; \
+	  else echo "note: libusb-1.0-0 is missing and this is not root with apt-get: run 'sudo apt-get install libusb-1.0-0' for point clouds"; fi; \
 	fi
 
-demo: $(STAMP)
+demo: install
 	$(BIN)/effvision compress compress/default.yaml --run-dir runs/demo
 
 # ruff holds the style (pyproject.toml [tool.ruff]); `make test` runs this first, so CI fails on a finding.
-lint: $(STAMP)
+lint: install
 	$(BIN)/ruff format --check --diff .
 	$(BIN)/ruff check .
 
-format: $(STAMP)
+format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: $(STAMP) sysdeps lint
+test: install lint
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow and not zoo" --durations=12
 
 # Everything: the conformance sweep over every card and architecture (marker zoo) and the slow
 # tests (those that read ../shared skip without it).
-test-all: $(STAMP) sysdeps lint
+test-all: install lint
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest --durations=20
 
 # docs/compat.md: timm's efficient families through prune, export and int8 (about 20 min on 2 cores).
-zoo-compat: $(STAMP) sysdeps
+zoo-compat: install
 	HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(BIN)/effvision zoo compat
 
-bench: $(STAMP)
+bench: install
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m slow
 	$(BIN)/effvision compress compress/cifar10.yaml --set data.root=../shared/datasets --run-dir runs/cifar10
 
 # Video: the loader (sampled decoding vs decode-everything) on the real clips, its memory over
 # 2,000 clip reads per backend (real and generated clips; exits 1 past 50 MB of growth, about
 # 17 min), the video demo and its single-frame twin (BENCHMARKS.md).
-bench-video: $(STAMP)
+bench-video: install
 	$(BIN)/python -m effvision.data.video_loader_bench ../shared/testdata/videos --frames 8 --size 112 --rounds 5 --json runs/video-loader.json
 	$(BIN)/python -m effvision.data.video_loader_bench ../shared/testdata/videos --frames 8 --size 112 --memory 2000 --backends decord,pyav,auto --dataset synthetic-motion --json runs/video-memory.json
 	$(BIN)/effvision compress compress/video-default.yaml --run-dir runs/video-default
@@ -91,7 +93,7 @@ bench-video: $(STAMP)
 # Points: the loader (read, normalise, FPS by open3d) on the real clouds, the torch FPS loop that
 # PointNet++ runs inside the network against open3d's, side by side, and the generated shapes'
 # cached training loader; then the point-cloud demo (BENCHMARKS.md).
-bench-points: $(STAMP)
+bench-points: install
 	$(BIN)/python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024 --rounds 3 --dataset synthetic-shapes --json runs/point-loader.json
 	$(BIN)/effvision compress compress/points-default.yaml --run-dir runs/points-default
 
@@ -99,7 +101,7 @@ bench-points: $(STAMP)
 # selection on CIFAR-10 (the cheap default proxy, then the expensive one, at budget 0.5; then the
 # whole sweep), the training split compressed at several levels, and calibration sets of the
 # digits demo.
-bench-data: $(STAMP)
+bench-data: install
 	$(BIN)/python -m effvision.studies.image_loader_bench compress/cifar10.yaml --set data.root=../shared/datasets --rounds 2 --json runs/image-loader.json
 	$(BIN)/effvision study selection compress/cifar10-selection.yaml --set data.root=../shared/datasets --seeds 3 --budgets 0.5 \
 	  --methods random,forgetting:keep=easy,el2n:keep=easy --out runs/study-selection-cheap
@@ -119,14 +121,14 @@ bench-data: $(STAMP)
 
 # Time-to-accuracy (BENCHMARKS.md): the speed recipe and its plain preset, side by side, seed by
 # seed; a plain run stops at 4x the recipe's time.
-bench-speed: $(STAMP)
+bench-speed: install
 	$(BIN)/effvision study speed compress/cifar10-speedrun.yaml --set data.root=../shared/datasets --target-accuracy 0.80 \
 	  --seeds 2 --cap 4 --out runs/study-speed-cifar10
 
 # The CPU deployment table. Trained weights come from compress/resnet18_cifar10.yaml (run first
 # when missing); the shared real images calibrate int8 and check every export's agreement.
 R18_RUN := runs/resnet18_cifar10
-bench-cpu: $(STAMP)
+bench-cpu: install
 	@test -f $(R18_RUN)/stages/2-finetune/model.pt || $(BIN)/effvision train compress/resnet18_cifar10.yaml --set data.root=../shared/datasets --run-dir $(R18_RUN)
 	EFFVISION_QUIET=1 $(BIN)/python -m effvision.deploy.suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test \
 	  --weights resnet18=$(R18_RUN)/stages/2-finetune/model.pt
@@ -134,7 +136,7 @@ bench-cpu: $(STAMP)
 # Int8 that pays and keeps its accuracy (BENCHMARKS.md): every demo recipe with its reference row and
 # headline, ResNet-18 at 224 px (where int8 pays), and accuracy-aware int8 on two zoo nets that
 # plain post-training int8 costs more than a point.
-bench-int8: $(STAMP)
+bench-int8: install
 	$(BIN)/effvision compress compress/default.yaml --run-dir runs/int8-demo
 	$(BIN)/effvision compress compress/points-default.yaml --run-dir runs/int8-points
 	$(BIN)/effvision compress compress/video-default.yaml --run-dir runs/int8-video
@@ -145,17 +147,17 @@ bench-int8: $(STAMP)
 
 # The latency model's prediction against measurement (ONNX Runtime CPU, batch 1, 32x32): plans for
 # 80/60/45% of each network's latency and uniform prunes, all timed interleaved (about 5 min).
-bench-latency: $(STAMP)
-	HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(BIN)/python -m effvision.compress.latency_bench cifar_resnet20 speednet timm:mobilenetv3_small_050 \
+bench-latency: install
+	HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(BIN)/python -m effvision.compression.latency_bench cifar_resnet20 speednet timm:mobilenetv3_small_050 \
 	  --cache-dir runs/cache/latency-bench --json runs/latency-model.json
 
 # Compress to a target on CIFAR-10 (BENCHMARKS.md): the zoo's speednet at 1.5x and 2x, latency-aware
 # against uniform pruning at matched measured latency, timed side by side (about 30 min).
-bench-pareto: $(STAMP)
+bench-pareto: install
 	HF_HUB_OFFLINE=1 $(BIN)/effvision study pareto compress/target-cifar10.yaml --targets 1.5,2 \
 	  --set data.root=../shared/datasets --out runs/study-pareto-cifar10
 
-bench-qat: $(STAMP)
+bench-qat: install
 	$(BIN)/effvision compress compress/qat-digits.yaml --run-dir runs/qat-mobilenetv3
 	$(BIN)/effvision compress compress/qat-digits.yaml --set model.name=repvit_m0_9 --set stages.qat.epochs=12 --run-dir runs/qat-repvit
 	$(BIN)/effvision compress compress/qat-points.yaml --run-dir runs/qat-points
@@ -175,11 +177,11 @@ gpu-speedrun:
 
 # The CIFAR-10 zips, xz-compressed to about 19 MiB so that they travel with the tree (64 MiB at most).
 GPU_DATA_SRC ?= ../shared/datasets
-gpu-data: $(STAMP)
+gpu-data: install
 	$(BIN)/python -m effvision.gpu_plan pack-data $(GPU_DATA_SRC)
 
 # cp312 wheels of what the GPU machine lacks (the list and pins: effvision/gpu_plan.py WHEELS).
-gpu-wheels: $(STAMP)
+gpu-wheels: install
 	rm -rf .whl && mkdir -p .whl
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \

@@ -2,29 +2,7 @@
 
 __version__ = "0.1.0"
 
-import sys
-import types
-
-from .errors import EffvisionError  # noqa: E402
-
-
-class _Package(types.ModuleType):
-    """`effvision.compress` is the call effvision.compress(model, train, val, ...) (api.py). The
-    stage package of the same name stays importable as effvision.compress.<module>: the import
-    system finds it in sys.modules, and the attribute it would bind here is kept aside."""
-
-    @property
-    def compress(self):
-        from .api import compress
-
-        return compress
-
-    @compress.setter
-    def compress(self, package: types.ModuleType) -> None:
-        self.__dict__["_compress_package"] = package
-
-
-sys.modules[__name__].__class__ = _Package
+from .errors import EffvisionError
 
 
 def __getattr__(name):
@@ -42,7 +20,10 @@ def __getattr__(name):
         "benchmark": "deploy",
         "bench_model": "deploy",
         "evaluate": "deploy",
+        "compress": "api",
     }
+    if name == "stages":  # the stage configs by name: effvision.stages.Train(...)
+        return importlib.import_module(".stages", __name__)
     if name in where:
         return getattr(importlib.import_module(f".{where[name]}", __name__), name)
     raise AttributeError(f"module 'effvision' has no attribute {name!r}")
@@ -61,4 +42,5 @@ __all__ = [
     "benchmark",
     "bench_model",
     "evaluate",
+    "stages",
 ]

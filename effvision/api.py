@@ -157,7 +157,7 @@ def _check_output(probe: nn.Module, data) -> None:
 def _check_prunable(model: nn.Module, data) -> None:
     """A prune stage will trace the model: try it on a copy now rather than after training."""
     name = model.effvision_spec["class"].split(".")[-1]
-    from .compress.prune import prune
+    from .compression.prune import prune
 
     trial = model  # a copy
     try:

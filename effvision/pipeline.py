@@ -113,7 +113,7 @@ class RunContext:
 
     def calibration_loader(self, cfg):
         """The int8 calibration samples a CalibrationConfig asks for, scored by the current model."""
-        from .compress.selection import calibration_indices
+        from .compression.selection import calibration_indices
 
         return self.data.train_eval_loader(
             calibration_indices(self.data, cfg, self.model, self.device, self.seed), batch_size=32
@@ -173,9 +173,9 @@ class RunContext:
         extra: dict | None = None,
     ) -> StageResult:
         """Save the stage's torch model, measure it, and make it the current model."""
-        from .evaluate import accuracy as top1
-        from .evaluate import torch_predictor
         from .models import save_checkpoint
+        from .scoring import accuracy as top1
+        from .scoring import torch_predictor
 
         model = model.eval()
         path = save_checkpoint(model, self.stage_dir / "model.pt")
@@ -294,7 +294,7 @@ def run_pipeline(
     """Run (or resume) a recipe into run_dir (default runs/<recipe.name>); returns report.json.
     In a multi-process (torchrun) job every process runs the stages; rank 0 alone writes run_dir.
     inputs: the caller's model and data in place of the recipe's (effvision.compress)."""
-    from .compress.aim import check_target
+    from .compression.aim import check_target
 
     device = resolve_device(recipe.device)
     for target in [recipe.target] + [getattr(s, "target", None) for s in recipe.stages]:

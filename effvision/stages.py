@@ -10,8 +10,8 @@ config, validated the same way."""
 
 from pydantic import create_model
 
-from .compress import qat_stage as _qat  # noqa: F401  (registers qat)
-from .compress import stages as _compress  # noqa: F401  (registers select, prune, distill, quantize)
+from .compression import qat_stage as _qat  # noqa: F401  (registers qat)
+from .compression import stages as _compress  # noqa: F401  (registers select, prune, distill, quantize)
 from .deploy import stages as _deploy  # noqa: F401  (registers export, evaluate, bench)
 from .recipe import load_recipe, validate_recipe
 from .registry import STAGES

@@ -731,3 +731,20 @@ def test_compare_times_files_side_by_side_on_one_backend(tmp_path, monkeypatch):
     assert all(r["backend"] == "onnxruntime-cpu" and r["p50"] > 0 and r["repeats"] == 4 for r in rows)
     # side by side: no session's threads spin between its runs, taking cores from the one being timed
     assert spinning_seen == [True, False, False]
+
+
+def test_parity_is_judged_relative_to_the_logits_and_by_top1(trained):
+    """One judgement for the export stage and the compatibility sweep: the exact file passes; a
+    file 1e-3 off in relative terms, or one that swaps two classes' logits, fails and says why."""
+    from effvision.deploy.exporters import parity, parity_failure
+
+    def predictor(change):
+        return lambda x: change(trained.model(torch.from_numpy(x)).detach().numpy())
+
+    exact = parity(trained.model, predictor(lambda y: y), trained.val)
+    assert exact["relative_diff"] == 0 and parity_failure(exact, "fp32") is None
+    scaled = parity(trained.model, predictor(lambda y: y * 1.001), trained.val)
+    assert 5e-4 < scaled["relative_diff"] < 2e-3
+    assert "relative" in parity_failure(scaled, "fp32") and parity_failure(scaled, "int8") is None
+    swapped = parity(trained.model, predictor(lambda y: y[:, ::-1].copy()), trained.val)
+    assert "top-1 agrees" in parity_failure(swapped, "int8")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import tiny_recipe
 
-from effvision.compress.finetune import recalibrate_batchnorm
-from effvision.compress.prune import prune
+from effvision.compression.finetune import recalibrate_batchnorm
+from effvision.compression.prune import prune
 from effvision.data import load_dataset
 from effvision.errors import EffvisionError
 from effvision.models import create_model

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from conftest import tiny_recipe
 
-from effvision.compress.latency_prune import layer_widths
-from effvision.compress.prune import prune
+from effvision.compression.latency_prune import layer_widths
+from effvision.compression.prune import prune
 from effvision.models import create_model
 from effvision.pipeline import run_pipeline
 from effvision.recipe import validate_recipe
@@ -73,7 +73,7 @@ def test_batchnorm_statistics_come_from_every_class_of_a_class_ordered_split():
     samples saw one class (a pruned speednet fell from 0.776 to 0.652 by that alone)."""
     from torch import nn
 
-    from effvision.compress.finetune import recalibrate_batchnorm
+    from effvision.compression.finetune import recalibrate_batchnorm
 
     class ClassOrdered:  # 4 classes of 1000 samples in order, each class at its own brightness
         train = range(4000)

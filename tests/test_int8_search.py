@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from effvision.compress.int8_search import Timing, drop_slow_groups, search_int8
-from effvision.compress.quantize import Int8Builder
+from effvision.compression.int8_search import Timing, drop_slow_groups, search_int8
+from effvision.compression.quantize import Int8Builder
 from effvision.deploy import backends, export_onnx
 from effvision.deploy.runtime import onnx_predictor
 

@@ -28,9 +28,9 @@ LAYERS = [
     # typed configuration: recipes and the stage contract
     ["effvision.recipe", "effvision.stage"],
     # what a stage works on
-    ["effvision.models", "effvision.data", "effvision.evaluate"],
+    ["effvision.models", "effvision.data", "effvision.scoring"],
     # what a stage does
-    ["effvision.train", "effvision.compress", "effvision.deploy"],
+    ["effvision.train", "effvision.compression", "effvision.deploy"],
     # running stages: the registration of every stage type, the stage runner, its report
     ["effvision.stages", "effvision.pipeline", "effvision.report"],
     # tools built on whole runs: studies, zoo conformance/compatibility/publishing

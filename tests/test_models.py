@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from effvision.compress import prune
+from effvision.compression import prune
 from effvision.errors import EffvisionError
 from effvision.models import count_macs, count_params, create_model, list_models, load_checkpoint, save_checkpoint
 from effvision.models.zoo import list_cards
@@ -196,3 +196,23 @@ def test_prune_layer_overrides_by_name_and_regex():
     assert m.stages[2].conv1.out_channels == 128
     with pytest.raises(EffvisionError, match="no layer matches"):
         prune(create_model("cifar_resnet8"), 0.5, ignore=["nonexistent.layer"])
+
+
+def test_conformance_parity_fails_on_an_export_that_is_off(tmp_path, monkeypatch):
+    """The parity step can fail: an ONNX file whose logits are off by 1% of their scale (far
+    above rounding, far below a wrong operator) is FAIL with its figures, on real photographs."""
+    from effvision.deploy import runtime
+
+    plain = runtime.run_session
+    monkeypatch.setattr(runtime, "run_session", lambda s, x: plain(s, x) * 1.01)
+    result = _conformance_of(lambda num_classes=7, **kw: _TinyNet(), tmp_path)
+    assert (result.ok, result.failed_step) == (False, "parity"), result.reason
+    assert "relative" in result.reason and result.parity_relative > 1e-3
+
+
+def test_conformance_parity_runs_on_real_photographs():
+    from effvision.zoo.conformance import real_images
+
+    photos = real_images([3, 24, 24], 6)
+    assert photos.shape == (6, 3, 24, 24) and len({float(p.std()) for p in photos}) == 6  # six different crops
+    assert real_images([3, 512], 6) is None  # point clouds: random inputs instead

@@ -13,7 +13,7 @@ from conftest import write_image_folder
 from torch import nn
 
 from effvision.cli import main
-from effvision.compress.qat import prepare_qat
+from effvision.compression.qat import prepare_qat
 from effvision.deploy.runtime import onnx_predictor
 from effvision.errors import EffvisionError
 

@@ -86,7 +86,7 @@ def test_gradient_clusters_keep_one_per_duplicate_group_weighted_by_its_size():
 
 
 def test_forgetting_counter_counts_lost_samples_and_never_learned_ones():
-    from effvision.compress.selection import ForgettingCounter
+    from effvision.compression.selection import ForgettingCounter
 
     c = ForgettingCounter(3)
     idx = torch.tensor([0, 1, 2])
@@ -176,7 +176,7 @@ def _points_data(tmp_path, monkeypatch):
 def test_every_selector_works_on_every_modality(modality, tmp_path, monkeypatch):
     """One proxy (2 epochs) scores a tiny dataset of each modality; every registered selector
     then keeps half of it, class quotas respected where the selector balances classes."""
-    from effvision.compress.selection import ProxyConfig, score
+    from effvision.compression.selection import ProxyConfig, score
     from effvision.models import create_model
 
     data, arch, kwargs = {
@@ -207,8 +207,8 @@ def test_every_selector_works_on_every_modality(modality, tmp_path, monkeypatch)
 
 
 def test_the_default_proxy_is_a_narrower_copy_scored_by_its_own_training(monkeypatch):
-    from effvision.compress import selection
-    from effvision.compress.selection import ProxyConfig, narrowed, score
+    from effvision.compression import selection
+    from effvision.compression.selection import ProxyConfig, narrowed, score
     from effvision.models import create_model
 
     data, arch, kwargs = _image_data()
@@ -328,7 +328,7 @@ def test_bad_select_stages_are_one_line_errors(tmp_path, capsys):
 
 
 def test_calibration_scores_a_bounded_pool(monkeypatch):
-    from effvision.compress import selection
+    from effvision.compression import selection
     from effvision.data.selectors import CalibrationConfig
     from effvision.models import create_model
 

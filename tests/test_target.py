@@ -11,10 +11,10 @@ import torch
 import yaml
 
 from effvision.cli import main
-from effvision.compress.align import fastest_multiple
-from effvision.compress.latency import LatencyTables, build_latency_model, find_layers, grid
-from effvision.compress.latency_prune import channel_groups, layer_widths, plan_widths
-from effvision.compress.prune import prune
+from effvision.compression.align import fastest_multiple
+from effvision.compression.latency import LatencyTables, build_latency_model, find_layers, grid
+from effvision.compression.latency_prune import channel_groups, layer_widths, plan_widths
+from effvision.compression.prune import prune
 from effvision.models import create_model
 from effvision.models.profile import count_macs
 
@@ -232,7 +232,7 @@ def test_target_summary_judges_speed_and_accuracy_from_the_headline_or_the_stage
 def test_lookup_interpolates_along_the_grid_each_output_width_has(tmp_path):
     """Two layers sharing a table measured different grids: a classifier (10 outputs) at inputs
     8 and 16, another layer at input 12 with other outputs; (12, 10) was never measured."""
-    from effvision.compress.latency import Layer
+    from effvision.compression.latency import Layer
 
     tables = LatencyTables("onnxruntime-cpu", 1, CPU, tmp_path)
     fc = Layer("fc", "linear", 16, 10, 1, (), (), (), (), ())

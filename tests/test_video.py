@@ -285,7 +285,7 @@ def test_temporal_shift_moves_channel_folds_in_time():
 def test_pruning_keeps_each_channels_shift_direction():
     """The shift masks are pruned with their channels: a kept channel shifts the way it was
     trained to (recomputing the folds from the pruned width would scramble the directions)."""
-    from effvision.compress.prune import prune
+    from effvision.compression.prune import prune
     from effvision.models import create_model
     from effvision.models.video import TemporalShift
 
@@ -343,7 +343,7 @@ def test_video_model_quantizes_to_int8(name, tmp_path, monkeypatch):
     """Contract, pruning and ONNX parity of every video model run in test_models (parametrized
     over the registry and the zoo); here the exported clip model also goes through int8, leaving
     nothing in the working directory."""
-    from effvision.compress.quantize import quantize_onnx
+    from effvision.compression.quantize import quantize_onnx
     from effvision.deploy.onnx_export import export_onnx
     from effvision.deploy.runtime import onnx_predictor
     from effvision.models import create_model

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from effvision.compress.align import at_widths
-from effvision.compress.finetune import recalibrate_batchnorm
-from effvision.compress.latency import grid
-from effvision.compress.latency_prune import channel_groups, layer_widths
-from effvision.compress.width_search import (
+from effvision.compression.align import at_widths
+from effvision.compression.finetune import recalibrate_batchnorm
+from effvision.compression.latency import grid
+from effvision.compression.latency_prune import channel_groups, layer_widths
+from effvision.compression.width_search import (
     candidate_widths,
     candidates_around,
     choose_widths,
@@ -21,8 +21,8 @@ from effvision.compress.width_search import (
     scoring_indices,
 )
 from effvision.data import DataConfig, load_dataset
-from effvision.evaluate import accuracy, torch_predictor
 from effvision.models import create_model
+from effvision.scoring import accuracy, torch_predictor
 
 CPU = torch.device("cpu")
 

@@ -64,7 +64,7 @@ def export(
     parity figures are written beside the file as <file>.parity.json."""
     import torch
 
-    from ..compress.selection import calibration_indices
+    from ..compression.selection import calibration_indices
     from ..data.selectors import CalibrationConfig
     from ..deploy import evaluate
     from ..deploy.exporters import export_verified, get_exporter

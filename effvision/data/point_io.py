@@ -30,7 +30,8 @@ def _open3d():
         import open3d as o3d
     except (ImportError, OSError) as exc:  # OSError: libusb-1.0 missing
         raise PointCloudError(
-            f"open3d is not usable ({str(exc).splitlines()[0]}); install open3d-cpu (and libusb-1.0-0)"
+            f"open3d is not usable ({str(exc).splitlines()[0]}): run 'make install' (as root it installs the "
+            "system library libusb-1.0-0), or 'apt-get install libusb-1.0-0' and 'pip install open3d-cpu'"
         ) from None
     o3d.utility.set_verbosity_level(o3d.utility.VerbosityLevel.Error)
     return o3d

@@ -14,7 +14,7 @@ export = export_verified
 
 def evaluate(artifact, loader) -> float:
     """Top-1 of a torch model, an ONNX file or an ExecuTorch program over a loader."""
-    from ..evaluate import accuracy, torch_predictor
+    from ..scoring import accuracy, torch_predictor
 
     if not isinstance(artifact, (str, os.PathLike)):
         return accuracy(torch_predictor(artifact), loader)

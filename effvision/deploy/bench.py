@@ -4,6 +4,7 @@ fraction of the device's measured matrix-multiply peak (see roofline.py)."""
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -97,11 +98,18 @@ def add_roofline(row: dict, macs: int | None, roofline: Roofline | None) -> dict
     row.update(flops_per_sample=flops, achieved_flops_per_s=achieved)
     peak = roofline.peak(row["precision"]) if roofline else None
     if peak:
-        row.update(
-            peak_flops_per_s=peak["flops_per_s"],
-            peak_precision=peak["precision"],
-            fraction_of_peak=achieved / peak["flops_per_s"],
-        )
+        share = achieved / peak["flops_per_s"]
+        row.update(peak_flops_per_s=peak["flops_per_s"], peak_precision=peak["precision"], peak_probe=peak["probe"])
+        if share <= 1.0:
+            row.update(fraction_of_peak=share)
+        else:  # a ceiling that a model beats is a wrong ceiling: say so, never print a share above 100%
+            row.update(fraction_of_peak=None, peak_exceeded=True)
+            print(
+                f"effvision: bug: {row['backend']} {row['precision']} batch {row['batch']} achieved "
+                f"{achieved / 1e9:.1f} GFLOP/s, above the measured {peak['precision']} peak of "
+                f"{peak['flops_per_s'] / 1e9:.1f} GFLOP/s ({peak['probe']} probe); its share of peak is not reported",
+                file=sys.stderr,
+            )
     return row
 
 

@@ -41,7 +41,7 @@ class OnnxExporter(Exporter):
     precisions = ("fp32", "fp16", "int8")
 
     def export(self, model, path, shape, precision, calibration, batch=1):
-        from ..compress.quantize import quantize_onnx
+        from ..compression.quantize import quantize_onnx
         from .onnx_export import export_onnx, onnx_to_fp16
 
         if precision == "fp32":
@@ -87,22 +87,31 @@ def get_exporter(fmt: str, precision: str) -> Exporter:
     return exporter
 
 
+# fp32 export against PyTorch: max |diff| as a share of the largest |logit|. Rounding alone stays
+# near 1e-7..1e-5 of it (docs/compat.md); a wrong translation shows at 1e-2 and more.
+FP32_RELATIVE_TOLERANCE = 1e-4
+
+
 def parity(model: nn.Module, predict: Callable, loader: Iterable, max_batches: int = 4) -> dict:
-    """Logit differences and top-1 agreement of an exported artifact against PyTorch."""
+    """Logit differences and top-1 agreement of an exported artifact against PyTorch, and the
+    differences relative to the logits' scale (the largest |logit| of the reference)."""
     model = model.eval().cpu()
-    max_diff, sum_diff, n_values, agree, total = 0.0, 0.0, 0, 0, 0
+    max_diff, sum_diff, n_values, agree, total, scale = 0.0, 0.0, 0, 0, 0, 0.0
     with torch.inference_mode():
         for i, (x, _) in enumerate(loader):
             if i >= max_batches:
                 break
             ref = model(x).float().numpy()
             out = np.asarray(predict(x.numpy()), dtype=np.float32)
+            if out.shape != ref.shape:
+                raise EffvisionError(f"parity check: the export gives {out.shape}, PyTorch {ref.shape}")
             diff = np.abs(ref - out)
             max_diff, sum_diff, n_values = (
                 max(max_diff, float(diff.max())),
                 sum_diff + float(diff.sum()),
                 n_values + diff.size,
             )
+            scale = max(scale, float(np.abs(ref).max()))
             agree += int((ref.argmax(1) == out.argmax(1)).sum())
             total += len(x)
     if not total:
@@ -110,9 +119,32 @@ def parity(model: nn.Module, predict: Callable, loader: Iterable, max_batches: i
     return {
         "max_abs_diff": max_diff,
         "mean_abs_diff": sum_diff / n_values,
+        "logit_scale": scale,
+        "relative_diff": max_diff / scale if scale > 0 else (0.0 if max_diff == 0 else float("inf")),
         "top1_agreement": agree / total,
         "samples": total,
     }
+
+
+def parity_failure(
+    check: dict, precision: str, relative_tolerance: float = FP32_RELATIVE_TOLERANCE, min_agreement: float = 0.9
+) -> str | None:
+    """Why an export is not the model it came from, or None when it is: an fp32 file whose
+    largest difference exceeds `relative_tolerance` of the logits' scale, or any file whose top-1
+    agrees with PyTorch on fewer than `min_agreement` of the samples (fp16 and int8 change logits
+    by design; their agreement is what is judged). The export stage and the compatibility sweep
+    both judge with this."""
+    if precision == "fp32" and not check["relative_diff"] <= relative_tolerance:
+        return (
+            f"max |export - torch| = {check['max_abs_diff']:.2e} on logits up to {check['logit_scale']:.2e} "
+            f"(relative {check['relative_diff']:.1e} > {relative_tolerance:g})"
+        )
+    if check["top1_agreement"] < min_agreement:
+        return (
+            f"top-1 agrees with PyTorch on {check['top1_agreement']:.1%} of {check['samples']} samples "
+            f"< {min_agreement:.0%}"
+        )
+    return None
 
 
 def parity_path(artifact: str | Path) -> Path:

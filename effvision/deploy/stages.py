@@ -14,7 +14,7 @@ from ..recipe import StageConfig
 from ..registry import BACKENDS, EXPORTERS
 from ..stage import StageResult, register_stage
 from .bench import add_roofline, benchmark, compare
-from .exporters import export_verified
+from .exporters import FP32_RELATIVE_TOLERANCE, export_verified, parity_failure
 
 
 class ExportConfig(StageConfig):
@@ -28,8 +28,8 @@ class ExportConfig(StageConfig):
     tolerance: Optional[float] = Field(
         None,
         gt=0,
-        description="largest max-abs logit difference accepted for fp32 "
-        "(default 1e-3, or the model's parity_tolerance when it picks neighbours)",
+        description="largest fp32 logit difference accepted, as a share of the largest |logit| "
+        f"(default {FP32_RELATIVE_TOLERANCE:g}, or the model's parity_tolerance when it picks neighbours)",
     )
     min_agreement: float = Field(0.9, ge=0, le=1, description="smallest top-1 agreement with PyTorch accepted")
 
@@ -55,17 +55,10 @@ def run_export(ctx, cfg: ExportConfig) -> StageResult:
         cfg.parity_batches,
         data=ctx.data.name,
     )
-    tolerance = cfg.tolerance or getattr(ctx.model, "parity_tolerance", 1e-3)
-    if cfg.precision == "fp32" and check["max_abs_diff"] > tolerance:
-        raise EffvisionError(
-            f"exported {cfg.format} differs from PyTorch by {check['max_abs_diff']:.2e} > tolerance {tolerance:g} "
-            f"({path})"
-        )
-    if check["top1_agreement"] < cfg.min_agreement:
-        raise EffvisionError(
-            f"exported {cfg.format} {cfg.precision} agrees with PyTorch on {check['top1_agreement']:.1%} of samples "
-            f"< min_agreement {cfg.min_agreement:.0%} ({path})"
-        )
+    tolerance = cfg.tolerance or getattr(ctx.model, "parity_tolerance", FP32_RELATIVE_TOLERANCE)
+    failure = parity_failure(check, cfg.precision, tolerance, cfg.min_agreement)
+    if failure:
+        raise EffvisionError(f"exported {cfg.format} {cfg.precision} is not the model: {failure} ({path})")
     return ctx.artifact_result(path, extra={"format": cfg.format, "precision": cfg.precision, "parity": check})
 
 
@@ -85,7 +78,7 @@ def run_evaluate(ctx, cfg: EvaluateConfig) -> StageResult:
     from torch.utils.data import DataLoader
 
     from ..data.views import ViewsDataset, views_accuracy
-    from ..evaluate import torch_predictor
+    from ..scoring import torch_predictor
     from .runtime import onnx_predictor
 
     card, views = ctx.data.card, cfg.clips * cfg.crops

@@ -112,7 +112,7 @@ def build_model(
     if label in weights:
         return load_checkpoint(weights[label]).eval(), f"checkpoint {weights[label]}"
     if arch == "variant":  # no pipeline checkpoint given: the pruned structure, untrained
-        from ..compress.prune import prune
+        from ..compression.prune import prune
 
         model = create_model(variant_of, num_classes=1000).eval()
         prune(model, 0.5, "l2")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from ..compress.quantize import quantize_onnx
-from ..compress.selection import calibration_indices
+from ..compression.quantize import quantize_onnx
+from ..compression.selection import calibration_indices
 from ..data import load_dataset
 from ..data.selectors import CalibrationConfig, known_selector
 from ..deploy import evaluate

@@ -66,7 +66,7 @@ def at_speedup(recipe: Recipe, index: int, speedup: float) -> Recipe:
 def uniform_recipe(recipe: Recipe, index: int, ratio: float, multiple: int, steps: int) -> Recipe:
     """The recipe with its aimed prune stage replaced by a uniform ratio pruned in `steps` steps
     (as many as the aimed run took, extra steps included) at the same training."""
-    from ..compress.stages import DistillConfig
+    from ..compression.stages import DistillConfig
 
     out = recipe.model_copy(deep=True)
     out._source = recipe._source
@@ -110,7 +110,7 @@ def shipped(run_dir: Path) -> dict:
 def matched_ratio(aim, model, speedup: float, importance: str, ignore: list[str], multiple: int) -> dict:
     """The uniform ratio whose pruned copy of `model` measures `speedup` over the reference
     (bisection on measurements; untrained copies run as fast as trained ones)."""
-    from ..compress.prune import prune
+    from ..compression.prune import prune
 
     lo, hi, tried = 0.0, 0.95, []
     for _ in range(SEARCH_STEPS):
@@ -164,7 +164,7 @@ def pareto_study(recipe_path: str, sets: list[str], targets: list[float], out_di
 
 
 def _uniform_row(base: Recipe, index: int, target: TargetConfig, t: float, aimed: dict, out_dir: Path) -> dict:
-    from ..compress.aim import Aim
+    from ..compression.aim import Aim
     from ..device import resolve_device
     from ..models import load_checkpoint
     from ..models.profile import input_shape
@@ -189,7 +189,7 @@ def time_side_by_side(rows: list[dict], target: TargetConfig, out_dir: Path) -> 
     and of every shipped file, timed interleaved in one run on the target's backend and batch."""
     import torch
 
-    from ..compress.aim import target_device
+    from ..compression.aim import target_device
     from ..deploy.bench import compare
     from ..deploy.onnx_export import export_onnx
     from ..deploy.runtime import onnx_precision

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .. import yamlio
-from ..compress.selection import ProxyConfig, score
+from ..compression.selection import ProxyConfig, score
 from ..data import load_dataset
 from ..data.selectors import Signals, resolve_budget, select
 from ..errors import EffvisionError

@@ -18,8 +18,8 @@ from torch import nn
 
 from ..device import synchronize
 from ..errors import EffvisionError
-from ..evaluate import accuracy, torch_predictor
 from ..progress import log, progress_bar
+from ..scoring import accuracy, torch_predictor
 from . import checkpoint as ckpt
 from . import distributed
 from .checkpoint import EpochCheckpoint

@@ -2,6 +2,9 @@
 
 create -> forward (shape, finite) -> backward (every trainable parameter gets a gradient) ->
 prune -> forward -> ONNX export -> ONNX Runtime parity -> int8 quantize -> int8 runs.
+Parity is judged as the export stage judges it (deploy.exporters.parity_failure): the largest
+difference relative to the logits' scale, and top-1 agreement, on real photographs where the
+model takes images (scikit-learn ships two), random inputs elsewhere.
 The zoo's test suite and `effvision zoo compat` (docs/compat.md) both run it, so a table row and a
 test result mean the same thing.
 """
@@ -39,7 +42,9 @@ class Conformance:
     macs: int | None = None
     pruned_params: int | None = None
     pruned_macs: int | None = None
-    parity_error: float | None = None
+    parity_error: float | None = None  # max |onnx - torch| on the logits
+    parity_relative: float | None = None  # the same over the largest |logit|
+    parity_agreement: float | None = None  # top-1 agreement of the ONNX file with PyTorch
     seconds: float = 0.0
     cause: str | None = None  # for a failure: whose it is (upstream or effvision), when known
 
@@ -65,24 +70,46 @@ def _check_output(out, batch: int, num_classes: int, step: str) -> None:
         raise StepFailed(step, "output has NaN or Inf")
 
 
+def real_images(input_size: list[int], n: int) -> torch.Tensor | None:
+    """n real photographs as a model of `input_size` (3, H, W) takes them: square crops of the two
+    that scikit-learn ships, resized, normalised with ImageNet's mean and std; None for other inputs."""
+    if len(input_size) != 3 or input_size[0] != 3:
+        return None
+    from sklearn.datasets import load_sample_images
+
+    photos = [torch.from_numpy(np.array(p)).permute(2, 0, 1).float() / 255 for p in load_sample_images().images]
+    crops = []
+    for i in range(n):  # squares at the left, centre and right of each photograph, in turn
+        photo = photos[i % len(photos)]
+        h, w = photo.shape[1:]
+        side, where = min(h, w), (i // len(photos)) % 3
+        top, left = (h - side) * where // 2, (w - side) * where // 2
+        crops.append(photo[:, top : top + side, left : left + side])
+    size = list(input_size[1:])
+    batch = torch.stack([torch.nn.functional.interpolate(c[None], size=size, mode="bilinear")[0] for c in crops])
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    return (batch - mean[:, None, None]) / std[:, None, None]
+
+
 def run_conformance(
     name: str,
     input_size: list[int],
     num_classes: int = 10,
     prune_ratio: float = 0.3,
-    atol: float = 1e-3,
-    rtol: float = 1e-3,
+    relative_tolerance: float | None = None,
     calibration_samples: int = 8,
     workdir: str | Path | None = None,
     on_step=None,
     **model_kwargs,
 ) -> Conformance:
     """Run every step; stop at the first failure and record which step failed and why (one line).
-    Parity: |onnx - torch| <= atol + rtol * max|torch| on the pruned model's logits. `on_step(name)`
-    is called as each step starts (a supervisor that kills a stuck run reads it)."""
-    from ..compress import prune
-    from ..compress.quantize import quantize_onnx
+    Parity: max |onnx - torch| <= relative_tolerance * max |torch| on the pruned model's logits
+    (default the export stage's), and the same top-1 on every input. `on_step(name)` is called as
+    each step starts (a supervisor that kills a stuck run reads it)."""
+    from ..compression import prune
+    from ..compression.quantize import quantize_onnx
     from ..deploy import export_onnx
+    from ..deploy.exporters import FP32_RELATIVE_TOLERANCE, parity, parity_failure
     from ..deploy.runtime import ort_session, run_session
     from ..models.factory import create_model
     from ..models.profile import count_macs, count_params
@@ -146,16 +173,17 @@ def run_conformance(
             step = "parity"
             _announce(on_step, step)
             session = ort_session(onnx_path)
-            batch = torch.cat([x, x, x])  # a batch size other than the export's
+            inputs = real_images(input_size, 6)
+            batch = torch.cat([x, x, x]) if inputs is None else inputs  # a batch size other than the export's
             got = run_session(session, batch)
             if got.shape != (6, num_classes):
                 raise StepFailed(step, f"ONNX output shape {got.shape} for a batch of 6")
-            ref = ref.numpy()
-            result.parity_error = float(np.abs(got[:2] - ref).max())
-            if not result.parity_error <= atol + rtol * float(np.abs(ref).max()):
-                raise StepFailed(
-                    step, f"max |onnx - torch| = {result.parity_error:.2e} on logits up to {np.abs(ref).max():.2e}"
-                )
+            check = parity(model, lambda a: run_session(session, a), [(batch, None)])
+            result.parity_error, result.parity_relative = check["max_abs_diff"], check["relative_diff"]
+            result.parity_agreement = check["top1_agreement"]
+            failure = parity_failure(check, "fp32", relative_tolerance or FP32_RELATIVE_TOLERANCE, min_agreement=1.0)
+            if failure:
+                raise StepFailed(step, failure)
             result.passed.append(step)
 
             step = "int8"

@@ -92,8 +92,8 @@ def score_trained(card, overrides: list[str] | None = None) -> float:
     """Top-1 of a card's trained weights (sha256-checked) on the split its recipe validates on,
     rebuilt the way the recipe built it: what the card's `accuracy` claims, measured again."""
     from ..data import load_dataset
-    from ..evaluate import accuracy, torch_predictor
     from ..models.factory import create_model
+    from ..scoring import accuracy, torch_predictor
     from ..stages import load_recipe
 
     if card.trained is None:

@@ -8,7 +8,7 @@ on the target backend, interleaved: the plans for 80%, 60% and 45% of its latenc
 30% and 50% prunes at the same multiple. Each row gives the prediction, the measurement (on the
 scale of the first reference timing) and the error.
 
-    python -m effvision.compress.latency_bench cifar_resnet20 speednet timm:mobilenetv3_small_050
+    python -m effvision.compression.latency_bench cifar_resnet20 speednet timm:mobilenetv3_small_050
 """
 
 from __future__ import annotations

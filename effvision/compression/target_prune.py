@@ -100,7 +100,7 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference) -> dict:
 
 def _untrained_accuracy(ctx, model) -> float:
     """Top-1 of a pruned copy with its batch-norm statistics recomputed and no training."""
-    from ..evaluate import accuracy, torch_predictor
+    from ..scoring import accuracy, torch_predictor
 
     recalibrate_batchnorm(model, ctx.data)
     return accuracy(torch_predictor(model, ctx.device), ctx.data.val_loader())

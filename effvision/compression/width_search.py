@@ -193,7 +193,7 @@ def score_candidates(
 ) -> None:
     """Each candidate's top-1 with no training (a pruned copy, batch norm recomputed, `samples`
     training images), into its record as `top1`."""
-    from ..evaluate import accuracy, torch_predictor
+    from ..scoring import accuracy, torch_predictor
     from .align import at_widths
     from .finetune import recalibrate_batchnorm
 

@@ -50,7 +50,7 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
     float model), export the int8 QDQ ONNX file, and check it against the simulation."""
     from ..deploy.onnx_export import export_onnx
     from ..deploy.runtime import onnx_predictor
-    from ..evaluate import outputs, torch_predictor
+    from ..scoring import outputs, torch_predictor
     from .qat import prepare_qat
 
     used = [k for k in UNSUPPORTED if getattr(cfg, k)]
