@@ -132,6 +132,33 @@ def test_roofline_measures_matmul_peak_and_bandwidth():
     assert rf.peak("int8")["precision"] == "fp32"
 
 
+def test_roofline_peak_is_the_best_probe_and_a_beaten_peak_is_said(capsys):
+    """ONNX Runtime's own products are probed beside torch's (its int8 product is the only one that
+    reaches a CPU's int8 rate without VNNI); a row that still beats the peak gets no share and one
+    line on stderr naming the figures."""
+    from effvision.deploy.bench import add_roofline
+    from effvision.deploy.roofline import ort_matmul_peak
+
+    for precision in ("fp32", "int8"):
+        probe = ort_matmul_peak(precision, sizes=(256,), repeats=3)
+        assert probe["probe"] == "onnxruntime" and probe["flops_per_s"] > 1e8, probe
+    assert ort_matmul_peak("bf16") is None
+    rf = Roofline("cpu")
+    rf.peaks["fp32"] = {"precision": "fp32", "flops_per_s": 2e9, "probe": "torch"}
+    rf.peaks["int8"] = {"precision": "int8", "flops_per_s": 4e9, "probe": "onnxruntime"}
+    row = add_roofline({"backend": "onnxruntime-cpu", "precision": "int8", "batch": 1, "p50": 1.0}, 1e6, rf)
+    assert row["fraction_of_peak"] == pytest.approx(0.5) and row["peak_probe"] == "onnxruntime"
+    # a peak probed in a busy moment is probed again before any row is judged against it
+    row = add_roofline({"backend": "onnxruntime-cpu", "precision": "fp32", "batch": 1, "p50": 1.0}, 2e6, rf)
+    assert 0 < row["fraction_of_peak"] <= 1 and rf.peaks["fp32"]["flops_per_s"] > 4e9
+    assert capsys.readouterr().err == ""
+    rf._probe = lambda precision: None  # probes that cannot reach what a model does: the row says so
+    row = add_roofline({"backend": "onnxruntime-cpu", "precision": "fp32", "batch": 1, "p50": 1e-3}, 1e9, rf)
+    assert row["fraction_of_peak"] is None and row["peak_exceeded"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "effvision: bug:" in err and "2000000.0 GFLOP/s" in err
+
+
 # --------------------------------------------------------------------------- exports
 @pytest.fixture(scope="module")
 def net():
@@ -335,6 +362,7 @@ def test_harness_reports_latency_memory_flops_and_share_of_peak(tmp_path, quick_
         assert r["peak_flops_per_s"] == peak and r["fraction_of_peak"] == pytest.approx(
             r["achieved_flops_per_s"] / peak
         )
+        assert 0 < r["fraction_of_peak"] <= 1, r  # a ceiling: no model beats it
     assert rf.summary()["copy_bytes_per_s"] > 0 and rf.summary()["matmul_flops_per_s"]["fp32"] > 0
     paths = write_results([{"model": "net", **r} for r in rows], tmp_path / "out", {"note": "test"})
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -21,10 +21,12 @@ def train_transform(size: int, mean, std, hflip: bool = True, crop: str = "pad")
     return v2.Compose([*ops, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
 
 
-def eval_transform(size: int, mean, std) -> v2.Compose:
+def eval_transform(size: int, mean, std, resize: int | None = None, interpolation: str = "bilinear") -> v2.Compose:
+    """Short side to `resize` (default `size`), centre crop `size`, normalise: timm's evaluation
+    pipeline when resize = size / crop fraction (a pretrained card's `preprocessing`)."""
     return v2.Compose(
         [
-            v2.Resize(size, antialias=True),
+            v2.Resize(resize or size, interpolation=v2.InterpolationMode(interpolation), antialias=True),
             v2.CenterCrop(size),
             v2.ToDtype(torch.float32, scale=True),
             v2.Normalize(mean, std),

@@ -96,7 +96,7 @@ def add_roofline(row: dict, macs: int | None, roofline: Roofline | None) -> dict
     flops = 2 * macs
     achieved = flops * row["batch"] / (row["p50"] / 1e3)
     row.update(flops_per_sample=flops, achieved_flops_per_s=achieved)
-    peak = roofline.peak(row["precision"]) if roofline else None
+    peak = roofline.peak(row["precision"], at_least=achieved) if roofline else None
     if peak:
         share = achieved / peak["flops_per_s"]
         row.update(peak_flops_per_s=peak["flops_per_s"], peak_precision=peak["precision"], peak_probe=peak["probe"])

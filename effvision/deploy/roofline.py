@@ -156,14 +156,27 @@ class Roofline:
         self.peaks: dict[str, dict | None] = {}
         self.bandwidth: dict | None = None
 
-    def peak(self, precision: str) -> dict | None:
+    def peak(self, precision: str, at_least: float = 0.0, retries: int = 2) -> dict | None:
         """The ceiling for a model run in `precision`: the fastest of that precision's matrix
         products and the fp32 ones. (A CPU without bf16/int8 matrix units runs those products
         slower than fp32, and a runtime may compute in fp32 anyway; the fp32 rate is then the
-        honest ceiling.)"""
+        honest ceiling.) Where a model achieved `at_least` FLOP/s and the ceiling is lower, the
+        probes are run again up to `retries` times, the best kept: on a shared machine the probe
+        may have met a busy moment that the model did not."""
         for p in {precision, "fp32"}:
             if p not in self.peaks:
                 self.peaks[p] = self._probe(p)
+        for _ in range(retries):
+            best = self._best(precision)
+            if best is None or best["flops_per_s"] >= at_least:
+                break
+            for p in {precision, "fp32"}:
+                again = self._probe(p)
+                if again and (self.peaks[p] is None or again["flops_per_s"] > self.peaks[p]["flops_per_s"]):
+                    self.peaks[p] = again
+        return self._best(precision)
+
+    def _best(self, precision: str) -> dict | None:
         candidates = [v for v in (self.peaks[precision], self.peaks["fp32"]) if v]
         return max(candidates, key=lambda v: v["flops_per_s"], default=None)
 

@@ -138,10 +138,11 @@ def _load_state(model: nn.Module, state: dict, path, strict: bool) -> None:
         )
 
 
-def load_pretrained(model: nn.Module, path: str | Path) -> list[str]:
-    """Load plain weights (.pth/.safetensors or an effvision checkpoint) into model; when the
-    class count differs the classifier keeps its fresh initialisation. Returns the reset keys."""
-    state = _read(path)
+def load_pretrained(model: nn.Module, path: str | Path, state: dict | None = None) -> list[str]:
+    """Load plain weights (.pth/.safetensors or an effvision checkpoint, or `state` already read
+    from `path`) into model; when the class count differs the classifier keeps its fresh
+    initialisation. Returns the reset keys."""
+    state = _read(path) if state is None else state
     if isinstance(state, dict) and state.get("format") == FORMAT:
         state = state["state_dict"]
     for key in ("state_dict", "model", "state_dict_ema"):

@@ -78,14 +78,20 @@ def create_model(
     **kwargs,
 ) -> nn.Module:
     """Build a model by name. `pretrained` (or the card's `weights`) loads a local file, an
-    `hf-hub:` repo from the Hugging Face cache, or `zoo` (the card's own weights); the head keeps
-    its fresh initialisation when the class count differs."""
+    `hf-hub:` repo from the Hugging Face cache, or `zoo` (the card's own weights); a card whose
+    weights an installed package ships (`package:`) is built with them. The head keeps its fresh
+    initialisation when the class count differs."""
     from .checkpoint import load_pretrained
     from .hub import weights_file
+    from .packaged import load_packaged
 
     spec = resolve(name, num_classes, input_size, **kwargs)
     model = build(spec)
+    card = get_card(name)
     source = pretrained or spec.get("weights")
-    if source:
-        load_pretrained(model, weights_file(source, get_card(name)))
+    packaged = card is not None and card.package is not None and card.trained is None
+    if packaged and source in (None, "zoo"):  # a card of packaged weights is built with them
+        load_packaged(model, card.name, card.package)
+    elif source:
+        load_pretrained(model, weights_file(source, card))
     return model

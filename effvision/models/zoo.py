@@ -10,6 +10,7 @@ from pydantic import Field, PrivateAttr
 
 from ..paths import card_files
 from ..recipe import Strict, load_card
+from .packaged import PackagedWeights
 
 
 class TrainedWeights(Strict):
@@ -23,6 +24,22 @@ class TrainedWeights(Strict):
     weights: str = Field(..., description="safetensors file, relative to the card's folder")
     sha256: str = Field(..., min_length=64, max_length=64)
     commit: Optional[str] = Field(None, description="effvision git commit of the run")
+
+
+class Preprocessing(Strict):
+    """How an image reaches the model: resize the short side to size / crop_fraction with
+    `interpolation`, centre-crop `size`, scale to 0..1, subtract `mean`, divide by `std` (RGB).
+    The weights were trained so; evaluation, calibration and export follow it."""
+
+    size: int = Field(..., gt=0, description="side of the square the model takes")
+    crop_fraction: float = Field(0.875, gt=0, le=1, description="crop side over the resized short side")
+    interpolation: Literal["bilinear", "bicubic", "nearest"] = "bicubic"
+    mean: list[float] = Field(..., min_length=3, max_length=3)
+    std: list[float] = Field(..., min_length=3, max_length=3)
+
+    @property
+    def resize(self) -> int:
+        return int(round(self.size / self.crop_fraction))
 
 
 class ModelCard(Strict):
@@ -45,6 +62,10 @@ class ModelCard(Strict):
         None, description="the default recipe (a name under compress/) to fine-tune and compress this model"
     )
     trained: Optional[TrainedWeights] = None
+    package: Optional[PackagedWeights] = Field(
+        None, description="pretrained weights an installed package ships (pretrained: zoo, or loaded when built)"
+    )
+    preprocessing: Optional[Preprocessing] = Field(None, description="the input pipeline the weights expect")
     params: Optional[int] = Field(None, ge=0, description="parameters as built (a test recounts them)")
     macs: Optional[int] = Field(
         None, ge=0, description="multiply-accumulates of one forward pass at input_size (a test recounts them)"
