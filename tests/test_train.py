@@ -245,3 +245,37 @@ def test_onecycle_survives_a_handful_of_steps(epochs, steps):
         opt.step()
         sched.step()
     assert all(0 <= lr <= 0.1 + 1e-9 for lr in lrs) and (len(lrs) < 3 or lrs[-1] < max(lrs))
+
+
+@pytest.mark.parametrize("schedule", ["onecycle", "cosine"])
+def test_head_learns_at_its_own_rate_through_the_schedule(schedule):
+    """head_lr_scale: the classifier's groups run at that multiple of the body's rate at every step
+    of either schedule; the body's groups are as before."""
+    from effvision.train.loop import make_optimizer
+
+    m = create_model("cifar_resnet8", width=0.25)
+    s = TrainSettings(epochs=2, lr=0.1, head_lr_scale=10, schedule=schedule, warmup_epochs=0.5)
+    opt = make_optimizer(m, s)
+    head = {id(p) for p in m.fc.parameters()}
+    kinds = [{id(p) in head for p in g["params"]} for g in opt.param_groups]
+    assert all(len(k) == 1 for k in kinds) and {True} in kinds and {False} in kinds  # head apart from body
+    sched = make_schedule(opt, s, steps_per_epoch=5)
+    for _ in range(9):
+        rates = {next(iter(k)): g["lr"] for k, g in zip(kinds, opt.param_groups, strict=True)}
+        assert rates[True] == pytest.approx(10 * rates[False]) and rates[False] > 0
+        opt.step()
+        sched.step()
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(p.numel() for p in m.parameters())
+
+
+def test_frozen_layers_keep_weights_and_statistics_then_train_again(small_data):
+    m = create_model("cifar_resnet8", width=0.25)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    fit(m, small_data, TrainSettings(epochs=1, lr=0.1, freeze=["stem"]), torch.device("cpu"))
+    after = m.state_dict()
+    stem = [k for k in before if k.startswith("stem.") and "num_batches" not in k]
+    assert stem and all(torch.equal(before[k], after[k]) for k in stem)  # weights and running statistics
+    assert not torch.equal(before["fc.weight"], after["fc.weight"])  # the rest trained
+    assert all(p.requires_grad for p in m.parameters())  # later stages train the whole model
+    with pytest.raises(Exception, match="no module 'stme'.*stem"):
+        fit(m, small_data, TrainSettings(epochs=1, freeze=["stme"]), torch.device("cpu"))

@@ -31,6 +31,19 @@ class TrainSettings(Strict):
         "of the epochs",
     )
     warmup_epochs: float = Field(1.0, ge=0)
+    # Fine-tuning a pretrained body.
+    head_lr_scale: float = Field(
+        1.0,
+        gt=0,
+        description="learning rate of the classifier over the body's (a new head on a pretrained body learns "
+        "faster, e.g. 10)",
+    )
+    freeze: list[str] = Field(
+        default_factory=list,
+        description="module names (or name prefixes, e.g. conv_stem, blocks.0) kept as they are for this stage: "
+        "no gradient, batch norm statistics fixed; the early layers of a pretrained body, which transfer as they are "
+        "and cost the most backward time at high resolution",
+    )
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     ema: bool = False
     ema_decay: float = Field(0.998, gt=0, lt=1)

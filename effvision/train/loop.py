@@ -91,7 +91,55 @@ def make_optimizer(model: nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
 
     kwargs = {"momentum": s.momentum} if s.optimizer in ("sgd", "nesterov", "momentum", "lars") else {}
     name = ("lookahead_" if s.lookahead else "") + _TIMM_OPT[s.optimizer]
-    return create_optimizer_v2(model, opt=name, lr=s.lr, weight_decay=s.weight_decay, **kwargs)
+    opt = create_optimizer_v2(model, opt=name, lr=s.lr, weight_decay=s.weight_decay, **kwargs)
+    if s.head_lr_scale != 1.0:
+        _split_head(opt, model, s.lr, s.head_lr_scale)
+    return opt
+
+
+def _split_head(opt: torch.optim.Optimizer, model: nn.Module, lr: float, scale: float) -> None:
+    """Move the classifier's parameters into groups of their own at `scale` x the learning rate
+    (`lr_scale` tells the schedule). Before the first step, so no optimizer state moves."""
+    from ..models.adapters import classifier_of
+
+    head = classifier_of(model)
+    if head is None:
+        raise EffvisionError("head_lr_scale: the model has no classifier layer to scale")
+    head_ids = {id(p) for p in head.parameters()}
+    for group in list(opt.param_groups):
+        moved = [p for p in group["params"] if id(p) in head_ids]
+        if moved:
+            group["params"] = [p for p in group["params"] if id(p) not in head_ids]
+            opt.add_param_group({**{k: v for k, v in group.items() if k != "params"}, "params": moved})
+            opt.param_groups[-1].update(lr=lr * scale, lr_scale=scale)
+    opt.param_groups[:] = [g for g in opt.param_groups if g["params"]]
+
+
+def frozen_modules(model: nn.Module, names: list[str]) -> list[nn.Module]:
+    """The modules `freeze` names (a name or a dotted prefix of one); an unknown name is an error
+    listing the model's top-level modules."""
+    found, named = [], dict(model.named_modules())
+    for name in names:
+        hits = [m for n, m in named.items() if n == name or n.startswith(name + ".")]
+        if not hits:
+            top = ", ".join(n for n, _ in model.named_children())
+            raise EffvisionError(f"freeze: the model has no module '{name}' (its top-level modules: {top})")
+        found.append(named[name] if name in named else hits[0])
+    return found
+
+
+@contextlib.contextmanager
+def frozen(model: nn.Module, names: list[str]):
+    """`names` take no gradient while the stage trains; their parameters train again afterwards
+    (later stages fine-tune the whole model)."""
+    params = [p for m in frozen_modules(model, names) for p in m.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
 
 
 def make_schedule(opt: torch.optim.Optimizer, s: TrainSettings, steps_per_epoch: int):
@@ -101,7 +149,7 @@ def make_schedule(opt: torch.optim.Optimizer, s: TrainSettings, steps_per_epoch:
         # Each of OneCycleLR's two phases must last at least one step (it divides by their length).
         return torch.optim.lr_scheduler.OneCycleLR(
             opt,
-            max_lr=s.lr,
+            max_lr=[s.lr * g.get("lr_scale", 1.0) for g in opt.param_groups],
             total_steps=total,
             pct_start=min(max(warm, 2), total - 2) / total,
             anneal_strategy="linear",
@@ -260,6 +308,38 @@ def fit(
     after_backward: Callable[[], None] | None = None,
     checkpoint: EpochCheckpoint | None = None,
 ) -> FitResult:
+    """Train model in place on data (a DatasetBundle); evaluates on val after every epoch. The
+    modules in s.freeze take no gradient and keep their batch-norm statistics meanwhile (_fit
+    says the rest)."""
+    with frozen(model, s.freeze):
+        return _fit(
+            model,
+            data,
+            s,
+            device,
+            seed=seed,
+            teacher=teacher,
+            distill=distill,
+            label=label,
+            on_batch=on_batch,
+            after_backward=after_backward,
+            checkpoint=checkpoint,
+        )
+
+
+def _fit(
+    model: nn.Module,
+    data,
+    s: TrainSettings,
+    device: torch.device,
+    seed: int = 0,
+    teacher: nn.Module | None = None,
+    distill: LogitDistillSettings | None = None,
+    label: str = "train",
+    on_batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
+    after_backward: Callable[[], None] | None = None,
+    checkpoint: EpochCheckpoint | None = None,
+) -> FitResult:
     """Train model in place on data (a DatasetBundle); evaluates on val after every epoch.
 
     With a teacher, the loss is distillation's (distill: temperature, alpha, and with features
@@ -299,6 +379,7 @@ def fit(
             model, device_ids=[device.index or 0] if device.type == "cuda" else None
         )
     opt = make_optimizer(model, s)
+    still = frozen_modules(model, s.freeze)
     distill = distill or LogitDistillSettings()
     features = None
     if teacher is not None and getattr(distill, "features", None) is not None:
@@ -363,6 +444,8 @@ def fit(
         task = bar.add_task(label, total=total, completed=done_steps, info="") if bar else None
         for epoch in range(first_epoch, last_epoch):
             model.train()
+            for module in still:  # frozen layers: their batch norm keeps the pretrained statistics
+                module.eval()
             set_epoch(loader, epoch)
             size = epoch_size(s, epoch)
             loss_sum, seen, steps = 0.0, 0, 0
