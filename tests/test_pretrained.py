@@ -213,3 +213,18 @@ def test_a_state_dict_that_does_not_map_names_the_first_mismatch(fake_site, tmp_
         state.pop("_blocks.15._bn2.running_var")
     _card(tmp_path, "fake-lite", _write_weights(fake_site, state))
     _export_fails(tmp_path, capsys, *fragments)
+
+
+@needs_lite0
+@pytest.mark.parametrize("arch", ["tsn", "tsm"])
+def test_video_networks_take_the_pretrained_card_as_their_frame_backbone(arch):
+    """TSN and TSM on the Lite0 card start from its ImageNet weights (TSM shifts in front of the
+    pointwise convolutions of the blocks with a skip: names change, shapes do not)."""
+    file = _file_state(get_card(LITE0))
+    model = create_model(arch, num_classes=5, input_size=[3, 2, 32, 32], backbone=LITE0).eval()
+    own = model.state_dict()
+    shifted = "backbone.blocks.1.1.conv_pw.1.weight" if arch == "tsm" else "backbone.blocks.1.1.conv_pw.weight"
+    assert torch.equal(own[shifted], file["_blocks.2._expand_conv.weight"])
+    assert torch.equal(own["backbone.conv_stem.weight"], file["_conv_stem.weight"])
+    with torch.inference_mode():
+        assert model(torch.randn(2, 3, 2, 32, 32)).shape == (2, 5)

@@ -114,10 +114,17 @@ class FrameConsensus(nn.Module):
 
 
 def _backbone(name: str, num_classes: int, frame_size: int, **kwargs) -> nn.Module:
-    from .factory import build, resolve
+    """The 2D network every frame goes through. A pretrained image card (weights an installed
+    package ships) comes with its weights, loaded before TSM wraps its convolutions (the shift
+    changes names, not shapes)."""
+    from .factory import build, create_model, resolve
+    from .zoo import get_card
 
-    spec = resolve(name, num_classes, [3, frame_size, frame_size], **kwargs)
-    model = build(spec)
+    card = get_card(name)
+    if card is not None and card.package is not None:
+        model = create_model(name, num_classes=num_classes, input_size=[3, frame_size, frame_size], **kwargs)
+    else:
+        model = build(resolve(name, num_classes, [3, frame_size, frame_size], **kwargs))
     for attr in ("forward_features", "forward_head", "get_classifier", "reset_classifier"):
         if not hasattr(model, attr):
             raise EffvisionError(f"backbone {name} lacks {attr}(): use a timm model or a registered effvision model")
