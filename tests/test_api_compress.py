@@ -215,3 +215,17 @@ def test_the_example_script_runs(tmp_path):
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["reference"] is not None and report["headline"] is not None
     assert "ships:" in run.stdout and (tmp_path / "run" / "stages" / "5-quantize").is_dir()
+
+
+def test_a_dataset_that_augments_at_random_keeps_its_identity():
+    """A train split with a random transform (as every real fine-tune has) is the same data on
+    the next call, so a re-run resumes instead of starting afresh."""
+    from effvision.data.caller import caller_data
+
+    class Jittered(SmallDigits):
+        def __getitem__(self, i):
+            x, y = super().__getitem__(i)
+            return x + 0.1 * torch.randn_like(x), y
+
+    first = caller_data(Jittered("train"), SmallDigits("val")).identity
+    assert caller_data(Jittered("train"), SmallDigits("val")).identity == first

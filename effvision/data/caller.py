@@ -5,7 +5,9 @@ tensor and a label, inputs of differing shapes, labels outside 0..classes-1."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import random
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -153,16 +155,16 @@ def caller_data(
     # one pass over items spread over each split: every input has the first one's shape, and
     # their bytes are the data's identity (a re-run resumes only on the same data)
     shape, digest = tuple(tr[0][0].shape), hashlib.sha256()
-    for split in (tr, va):
-        for i in _spread(len(split)):
-            x, y = split[i]
-            if tuple(x.shape) != shape:
-                raise EffvisionError(
-                    f"{split.split_name} data: item {i} has input shape {tuple(x.shape)}, item 0 of train {shape}; "
-                    "every input must have one shape"
-                )
-            digest.update(f"{i}:{y}:".encode())
-            digest.update(tensor_bytes(x))
+    with _seeded():  # a split that augments at random (a train transform) gives the same bytes every call
+        items = [(split, i, split[i]) for split in (tr, va) for i in _spread(len(split))]
+    for split, i, (x, y) in items:
+        if tuple(x.shape) != shape:
+            raise EffvisionError(
+                f"{split.split_name} data: item {i} has input shape {tuple(x.shape)}, item 0 of train {shape}; "
+                "every input must have one shape"
+            )
+        digest.update(f"{i}:{y}:".encode())
+        digest.update(tensor_bytes(x))
     if not shape:
         raise EffvisionError("train data: the inputs are scalars; a tensor per sample (e.g. C x H x W) is expected")
     modality = {3: "image", 4: "video", 2: "points"}.get(len(shape), "image")
@@ -176,6 +178,21 @@ def caller_data(
         "items": digest.hexdigest()[:16],
     }
     return CallerBundle(CALLER_DATA, modality, card, config, tr, va, list(tr.classes), shape=shape, identity=identity)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int = 0):
+    """torch's, numpy's and Python's random state fixed for a block, and given back after it."""
+    state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(state)
+            np.random.set_state(np_state)
 
 
 def _spread(n: int) -> list[int]:
