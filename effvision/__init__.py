@@ -12,6 +12,7 @@ def __getattr__(name):
     where = {
         "create_model": "models",
         "list_models": "models",
+        "model_card": "models",
         "load_checkpoint": "models",
         "load_dataset": "data",
         "load_recipe": "stages",
@@ -34,6 +35,7 @@ __all__ = [
     "compress",
     "create_model",
     "list_models",
+    "model_card",
     "load_checkpoint",
     "load_dataset",
     "load_recipe",

@@ -228,3 +228,29 @@ def test_video_networks_take_the_pretrained_card_as_their_frame_backbone(arch):
     assert torch.equal(own["backbone.conv_stem.weight"], file["_conv_stem.weight"])
     with torch.inference_mode():
         assert model(torch.randn(2, 3, 2, 32, 32)).shape == (2, 5)
+
+
+@needs_lite0
+def test_the_finetune_example_runs_on_an_image_folder(tmp_path):
+    """examples/finetune_pretrained.py as a user runs it, on a tiny ImageFolder (the figures on
+    CIFAR-10 are BENCHMARKS.md's): the pretrained body fine-tunes, exports and is timed."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import write_image_folder
+
+    for split in ("train", "val"):
+        write_image_folder(tmp_path / "folder" / split, classes=("cat", "dog", "fox"), per_class=8, size=40)
+    script = Path(__file__).resolve().parents[1] / "examples" / "finetune_pretrained.py"
+    run = subprocess.run(  # in tmp_path: nothing it writes lands in the checkout
+        [sys.executable, str(script), str(tmp_path / "folder"), str(tmp_path / "run"), "--size", "48", "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert [s["name"] for s in report["stages"]] == ["finetune", "export", "bench"]
+    assert report["dataset"]["num_classes"] == 3 and "ships:" in run.stdout

@@ -1,13 +1,14 @@
 """Model builders: our own compact nets, timm and torchvision adapters, checkpoints, profiling."""
 
 from .checkpoint import load_checkpoint, load_pretrained, save_checkpoint
-from .factory import build, create_model, list_models, resolve
+from .factory import build, create_model, list_models, model_card, resolve
 from .profile import count_macs, count_params, input_shape
 
 __all__ = [
     "build",
     "create_model",
     "list_models",
+    "model_card",
     "resolve",
     "load_checkpoint",
     "load_pretrained",

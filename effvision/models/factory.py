@@ -20,6 +20,14 @@ def list_models(modality: str | None = None) -> list[str]:
     return sorted({c.name for c in list_cards(modality)} | archs)
 
 
+def model_card(name: str):
+    """A zoo card by name (what it is, its weights, the preprocessing its weights expect)."""
+    card = get_card(name)
+    if card is None:
+        raise UnknownNameError(suggest(name, [c.name for c in list_cards()], "model card"))
+    return card
+
+
 def resolve(name: str, num_classes: int | None = None, input_size: list[int] | None = None, **kwargs) -> dict:
     """The full spec of a model name: arch, num_classes, input size, kwargs, card weights."""
     card = get_card(name)
