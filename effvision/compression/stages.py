@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 
 from ..data.selectors import Budget, CalibrationConfig, SelectorName
 from ..errors import EffvisionError
+from ..progress import log
 from ..recipe import StageConfig, Strict, TargetConfig
 from ..stage import StageResult, register_stage
 from ..train.config import DistillSettings, TrainSettings
@@ -208,10 +209,12 @@ class SpeedCheckSettings(Strict):
     """How an int8 stage (quantize, qat) times int8 against fp32 before it ships."""
 
     require_faster: bool = Field(
-        True, description="ship int8 only when it is measured faster than the fp32 file at every batch"
+        True, description="ship int8 only when it is measured faster than the fp32 file at the decision's batches"
     )
     batches: Optional[list[int]] = Field(
-        None, description="batches the speed decisions are measured at (default: the bench stage's, else [1])"
+        None,
+        description="batches the speed decisions are measured at (default: the one the model ships at, the "
+        "recipe's target.batch, else 1)",
     )
     warmup: int = Field(5, ge=0)
     repeats: int = Field(40, ge=4, description="timed calls per file and batch, interleaved in 8 rounds")
@@ -248,12 +251,23 @@ class QuantizeConfig(SpeedCheckSettings, StageConfig):
     rank_samples: int = Field(256, ge=8, description="calibration samples the layer sensitivity is measured on")
 
 
+def decision_batches(ctx, cfg: SpeedCheckSettings) -> tuple[list[int], str]:
+    """The batches int8 must pay at, and why those: the stage's own `batches`, else the one the
+    model ships at (the recipe's target.batch, else 1: a file runs one input at a time unless
+    the recipe says otherwise)."""
+    if cfg.batches:
+        return sorted(set(cfg.batches)), "the stage's batches"
+    target = getattr(ctx.recipe, "target", None)
+    if target is not None:
+        return [target.batch], f"batch {target.batch}, where the model ships (the recipe's target.batch)"
+    return [1], "batch 1, where the model ships (the recipe sets no target.batch)"
+
+
 def speed_timing(ctx, cfg: SpeedCheckSettings):
-    """Timing at the stage's batches (default: the bench stage's, else [1]), interleaved."""
+    """Timing at the decision's batches (decision_batches), interleaved."""
     from .int8_search import Timing
 
-    bench = next((s for s in ctx.recipe.stages if s.type == "bench"), None)
-    batches = sorted(set(cfg.batches)) if cfg.batches else list(bench.batches) if bench is not None else [1]
+    batches, _ = decision_batches(ctx, cfg)
     return Timing(ctx.input_shape, batches, cfg.warmup, cfg.repeats, rounds=min(8, cfg.repeats))
 
 
@@ -301,6 +315,8 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
             set(cfg.exclude),
         )
     shutil.rmtree(ctx.stage_dir / "int8-search", ignore_errors=True)
+    if timing is not None:
+        log(f"  quantize decided at {decision_batches(ctx, cfg)[1]}")
     return ctx.artifact_result(
         result.path,
         extra={
@@ -310,6 +326,9 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
             "fp32_onnx_bytes": Path(src).stat().st_size,
             "shipped": result.shipped,
             "decision": result.decision,
+            "decided_at": (
+                {"batches": timing.batches, "why": decision_batches(ctx, cfg)[1]} if timing is not None else None
+            ),
             "float_layers": sorted(result.float_nodes & set(builder.layers)),
             "int8_layers": result.layers - len(result.float_nodes & set(builder.layers)),
             "float_nodes": sorted(result.float_nodes - set(builder.layers)),
