@@ -119,7 +119,8 @@ def traceable(model: nn.Module):
     for q in model.parameters():
         q.requires_grad_(True)
     try:
-        yield frozen
+        with torch.enable_grad():  # the dependency graph is traced through autograd
+            yield frozen
     finally:
         for n, q in model.named_parameters():
             q.requires_grad_(n not in frozen)

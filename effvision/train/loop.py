@@ -310,8 +310,8 @@ def fit(
 ) -> FitResult:
     """Train model in place on data (a DatasetBundle); evaluates on val after every epoch. The
     modules in s.freeze take no gradient and keep their batch-norm statistics meanwhile (_fit
-    says the rest)."""
-    with frozen(model, s.freeze):
+    says the rest). Training needs autograd whatever mode the caller is in."""
+    with frozen(model, s.freeze), torch.enable_grad():
         return _fit(
             model,
             data,
