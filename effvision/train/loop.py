@@ -7,6 +7,7 @@ Time-to-accuracy (DAWNBench's metric) is the training wall-clock, evaluation pas
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -295,39 +296,20 @@ def warm_compiled(step_fn, model: nn.Module, loader, s: TrainSettings, dtype, de
     return time.perf_counter() - t
 
 
+def _training_modes(fn: Callable) -> Callable:
+    """fit() runs with the modules in s.freeze frozen (no gradient, batch-norm statistics fixed)
+    and with autograd on, whatever mode the caller is in."""
+
+    @functools.wraps(fn)
+    def run(model: nn.Module, data, s: TrainSettings, *args, **kwargs) -> FitResult:
+        with frozen(model, s.freeze), torch.enable_grad():
+            return fn(model, data, s, *args, **kwargs)
+
+    return run
+
+
+@_training_modes
 def fit(
-    model: nn.Module,
-    data,
-    s: TrainSettings,
-    device: torch.device,
-    seed: int = 0,
-    teacher: nn.Module | None = None,
-    distill: LogitDistillSettings | None = None,
-    label: str = "train",
-    on_batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
-    after_backward: Callable[[], None] | None = None,
-    checkpoint: EpochCheckpoint | None = None,
-) -> FitResult:
-    """Train model in place on data (a DatasetBundle); evaluates on val after every epoch. The
-    modules in s.freeze take no gradient and keep their batch-norm statistics meanwhile (_fit
-    says the rest). Training needs autograd whatever mode the caller is in."""
-    with frozen(model, s.freeze), torch.enable_grad():
-        return _fit(
-            model,
-            data,
-            s,
-            device,
-            seed=seed,
-            teacher=teacher,
-            distill=distill,
-            label=label,
-            on_batch=on_batch,
-            after_backward=after_backward,
-            checkpoint=checkpoint,
-        )
-
-
-def _fit(
     model: nn.Module,
     data,
     s: TrainSettings,
