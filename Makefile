@@ -44,9 +44,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP) sysdeps
 
 # System libraries some readers need (libusb for open3d): installed when we are root
-# with apt-get; otherwise the tests that need them skip and say what to install.
+# with apt-get; otherwise the tests that need them skip and say what to install. (No grep -q: under
+# pipefail its early exit fails ldconfig with SIGPIPE, and the library looked missing every time.)
 sysdeps:
-	@if ! ldconfig -p 2>/dev/null | grep -q libusb-1.0; then \
+	@if ! ldconfig -p 2>/dev/null | grep libusb-1.0 >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing the system library libusb-1.0-0 (open3d's point-cloud readers need it) ..."; \
 	    (apt-get update -qq && apt-get install -y -qq libusb-1.0-0 >/dev/null) || echo "note: could not install libusb-1.0-0: point-cloud commands will say so"; \

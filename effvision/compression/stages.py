@@ -315,8 +315,10 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
             set(cfg.exclude),
         )
     shutil.rmtree(ctx.stage_dir / "int8-search", ignore_errors=True)
+    decided_at = None
     if timing is not None:
-        log(f"  quantize decided at {decision_batches(ctx, cfg)[1]}")
+        decided_at = {"batches": timing.batches, "why": decision_batches(ctx, cfg)[1]}
+        log(f"  quantize decided at {decided_at['why']}")
     return ctx.artifact_result(
         result.path,
         extra={
@@ -326,9 +328,7 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
             "fp32_onnx_bytes": Path(src).stat().st_size,
             "shipped": result.shipped,
             "decision": result.decision,
-            "decided_at": (
-                {"batches": timing.batches, "why": decision_batches(ctx, cfg)[1]} if timing is not None else None
-            ),
+            "decided_at": decided_at,
             "float_layers": sorted(result.float_nodes & set(builder.layers)),
             "int8_layers": result.layers - len(result.float_nodes & set(builder.layers)),
             "float_nodes": sorted(result.float_nodes - set(builder.layers)),

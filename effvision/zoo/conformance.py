@@ -175,9 +175,7 @@ def run_conformance(
             session = ort_session(onnx_path)
             inputs = real_images(input_size, 6)
             batch = torch.cat([x, x, x]) if inputs is None else inputs  # a batch size other than the export's
-            got = run_session(session, batch)
-            if got.shape != (6, num_classes):
-                raise StepFailed(step, f"ONNX output shape {got.shape} for a batch of 6")
+            # parity checks the output's shape too: a batch size other than the export's
             check = parity(model, lambda a: run_session(session, a), [(batch, None)])
             result.parity_error, result.parity_relative = check["max_abs_diff"], check["relative_diff"]
             result.parity_agreement = check["top1_agreement"]
