@@ -45,6 +45,16 @@ def _hash(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def recipe_data(recipe: Recipe):
+    """The recipe's dataset, fed the way its model's weights expect: a pretrained card's mean, std
+    and interpolation (its `preprocessing`) replace the dataset card's."""
+    from .data import load_dataset
+    from .models.zoo import get_card
+
+    card = get_card(recipe.model.name)
+    return load_dataset(recipe.data, seed=recipe.seed, preprocessing=card.preprocessing if card else None)
+
+
 @dataclass
 class CallerInputs:
     """A model and data the caller holds (effvision.compress), in place of the recipe's names."""
@@ -84,9 +94,7 @@ class RunContext:
     def data(self):
         """The recipe's dataset; after a select stage, its training split is the kept coreset."""
         if self._data is None:
-            from .data import load_dataset
-
-            self._data = self.inputs.data if self.inputs else load_dataset(self.recipe.data, seed=self.seed)
+            self._data = self.inputs.data if self.inputs else recipe_data(self.recipe)
             summary = self._data.summary()
             if summary["bad_samples"]:
                 log(

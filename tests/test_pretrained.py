@@ -254,3 +254,20 @@ def test_the_finetune_example_runs_on_an_image_folder(tmp_path):
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert [s["name"] for s in report["stages"]] == ["finetune", "export", "bench"]
     assert report["dataset"]["num_classes"] == 3 and "ships:" in run.stdout
+
+
+def test_a_recipe_on_a_pretrained_card_feeds_the_data_as_the_weights_expect(tmp_path):
+    """The card's mean, std and interpolation replace the dataset card's wherever the recipe's data
+    is read (training, evaluation, calibration, export); the size stays the recipe's."""
+    from effvision.pipeline import recipe_data
+    from effvision.stages import validate_recipe
+
+    raw = {"name": "r", "data": {"name": "digits", "image_size": 24}, "model": {"name": LITE0}, "stages": []}
+    data = recipe_data(validate_recipe(raw, "<test>"))
+    prep = get_card(LITE0).preprocessing
+    assert (data.card.mean, data.card.std, data.card.interpolation) == (prep.mean, prep.std, "bicubic")
+    assert data.card.image_size == 24
+    x, _ = next(iter(data.val_loader(batch_size=4)))
+    assert x.shape[-1] == 24 and x.min() < -0.9  # mean = std = 0.5: black is -1
+    plain = recipe_data(validate_recipe({**raw, "model": {"name": "cifar_resnet8"}}, "<test>"))
+    assert plain.card.mean != prep.mean and plain.card.interpolation == "bilinear"

@@ -279,3 +279,54 @@ def test_frozen_layers_keep_weights_and_statistics_then_train_again(small_data):
     assert all(p.requires_grad for p in m.parameters())  # later stages train the whole model
     with pytest.raises(Exception, match="no module 'stme'.*stem"):
         fit(m, small_data, TrainSettings(epochs=1, freeze=["stme"]), torch.device("cpu"))
+
+
+def test_freeze_bn_keeps_every_running_statistic_while_the_layers_learn(small_data):
+    m = create_model("cifar_resnet8", width=0.25)
+    stats = {k: v.clone() for k, v in m.state_dict().items() if "running_" in k}
+    fit(m, small_data, TrainSettings(epochs=1, lr=0.1, freeze_bn=True), torch.device("cpu"))
+    after = m.state_dict()
+    assert stats and all(torch.equal(v, after[k]) for k, v in stats.items())
+    assert not torch.equal(after["fc.weight"], create_model("cifar_resnet8", width=0.25).state_dict()["fc.weight"])
+    fit(m, small_data, TrainSettings(epochs=1, lr=0.1), torch.device("cpu"))  # unset: the statistics move
+    assert not all(torch.equal(v, m.state_dict()[k]) for k, v in stats.items())
+
+
+def _transfer_model(new_head: bool):
+    m = create_model("cifar_resnet8", width=0.25)
+    m.effvision_spec["transfer"] = {"new_head": new_head}
+    return m
+
+
+def test_transfer_defaults_apply_to_a_pretrained_body_only_where_the_recipe_is_silent():
+    from effvision.train.stage import TrainStageConfig, transfer_settings
+
+    cfg = TrainStageConfig(epochs=5)  # a warm-up of 1 epoch is under 30% of it
+    chosen, said = transfer_settings(cfg, _transfer_model(new_head=True), per_process_batch=64)
+    assert chosen.head_lr_scale == 10 and chosen.freeze_bn is None and said["defaults"] == {"head_lr_scale": 10}
+    short, said = transfer_settings(TrainStageConfig(epochs=2), _transfer_model(True), per_process_batch=64)
+    assert short.warmup_epochs == 0.6 and said["defaults"]["warmup_epochs"] == 0.6  # not the whole first epoch
+    small, said = transfer_settings(cfg, _transfer_model(new_head=True), per_process_batch=8)
+    assert small.freeze_bn is True and said["defaults"]["freeze_bn"] is True
+    trained_head, _ = transfer_settings(cfg, _transfer_model(new_head=False), per_process_batch=64)
+    assert trained_head.head_lr_scale is None  # a caller's trained classifier keeps the body's rate
+    scratch, said = transfer_settings(cfg, create_model("cifar_resnet8", width=0.25), per_process_batch=8)
+    assert scratch == cfg and said == {}  # random weights: the stage's own defaults
+    mine = TrainStageConfig(epochs=1, head_lr_scale=3, freeze_bn=False, warmup_epochs=1.0)
+    kept, said = transfer_settings(mine, _transfer_model(new_head=True), per_process_batch=8)
+    assert (kept.head_lr_scale, kept.freeze_bn, kept.warmup_epochs) == (3, False, 1.0) and said["defaults"] == {}
+
+
+def test_a_card_of_pretrained_weights_marks_its_new_head_for_the_train_stage(tmp_path):
+    from effvision.models import load_checkpoint, save_checkpoint
+
+    m = create_model("cifar_resnet8", width=0.25, num_classes=10)
+    weights = tmp_path / "w.pth"
+    torch.save(m.state_dict(), weights)
+    same = create_model("cifar_resnet8", width=0.25, num_classes=10, pretrained=str(weights))
+    other = create_model("cifar_resnet8", width=0.25, num_classes=7, pretrained=str(weights))
+    assert same.effvision_spec["transfer"] == {"new_head": False}
+    assert other.effvision_spec["transfer"] == {"new_head": True}
+    assert "transfer" not in m.effvision_spec  # random weights
+    # the mark travels with the checkpoint the pipeline's first stage loads
+    assert load_checkpoint(save_checkpoint(other, tmp_path / "m.pt")).effvision_spec["transfer"]["new_head"]

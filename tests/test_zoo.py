@@ -176,11 +176,14 @@ TRAINED = [c for c in list_cards() if c.trained is not None]
     ids=lambda c: c.name,
 )
 def test_trained_cards_score_what_they_claim(card):
+    from effvision.models.zoo import trained_weights_path
     from effvision.zoo.publish import score_trained
 
     overrides = _root_for(card)
     if overrides is None:
         pytest.skip("../shared/datasets (CIFAR-10) is not present")
+    if not trained_weights_path(card).is_file():  # over 5 MiB, not committed
+        pytest.skip(f"{card.name}'s weights are not here; rebuild them: {card.trained.command}")
     assert score_trained(card, overrides) == pytest.approx(card.trained.accuracy, abs=1e-4)
 
 

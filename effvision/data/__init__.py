@@ -155,9 +155,9 @@ class DatasetBundle:
         common = dict(seed=seed, hflip=c.hflip, translate=c.image_size // 8 if translate is None else translate)
         common.update(rank=rank, world=world)
         if decoded_bytes(self.train, c.image_size) <= cache_budget():
-            images = stack_images(self.train, c.image_size)
+            images = stack_images(self.train, c.image_size, c.interpolation)
             return TensorBatches(images, self.train.targets, c.mean, c.std, bs, device, **common)
-        images, rows = mapped_images(self.train, c.image_size, c.cache_dir, track)
+        images, rows = mapped_images(self.train, c.image_size, c.cache_dir, track, c.interpolation)
         return TensorBatches(images, self.train.targets, c.mean, c.std, bs, device, rows=rows, **common)
 
     def val_loader(self, batch_size: int | None = None) -> DataLoader:
@@ -191,7 +191,7 @@ class DatasetBundle:
             return video_train_transform(c.image_size, c.mean, c.std, c.hflip, c.train_crop)
         if self.modality == "points":
             return PointTrainTransform(c.augment, c.up_axis)
-        return train_transform(c.image_size, c.mean, c.std, c.hflip, c.train_crop)
+        return train_transform(c.image_size, c.mean, c.std, c.hflip, c.train_crop, c.interpolation)
 
     @property
     def eval_tf(self):
@@ -200,7 +200,7 @@ class DatasetBundle:
             return video_eval_transform(c.image_size, c.mean, c.std)
         if self.modality == "points":
             return point_eval_transform
-        return eval_transform(c.image_size, c.mean, c.std)
+        return eval_transform(c.image_size, c.mean, c.std, interpolation=c.interpolation)
 
 
 def _parent(ds: Dataset) -> Dataset:
@@ -224,13 +224,19 @@ class _Transformed(Dataset):
         return (img, y, i) if self.with_index else (img, y)
 
 
-def load_dataset(config: DataConfig | str | None = None, seed: int = 0) -> DatasetBundle:
-    """Open a dataset by card name (e.g. 'digits', 'cifar10') or a DataConfig from a recipe."""
+def load_dataset(config: DataConfig | str | None = None, seed: int = 0, preprocessing=None) -> DatasetBundle:
+    """Open a dataset by card name (e.g. 'digits', 'cifar10') or a DataConfig from a recipe.
+    `preprocessing` (a pretrained model card's): its mean, std and interpolation replace the
+    dataset card's for images, since the weights were trained on inputs normalised so; the size
+    stays the dataset's (or data.image_size), the resolution being the recipe's choice."""
     if config is None or isinstance(config, str):
         config = DataConfig(name=config or "digits")
     card = get_card(config.name)
     if config.image_size:
         card = card.model_copy(update={"image_size": config.image_size})
+    if preprocessing is not None and card.modality == "image":
+        keep = {k: getattr(preprocessing, k) for k in ("mean", "std", "interpolation")}
+        card = card.model_copy(update=keep)
     reader = DATASETS.get(card.source)
     train, val = reader(card, config, progress=track)
     if train.classes != val.classes:

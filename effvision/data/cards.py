@@ -32,6 +32,9 @@ class DatasetCard(Strict):
     image_size: int = Field(32, gt=0)
     mean: list[float] = Field(default_factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = Field(default_factory=lambda: [0.229, 0.224, 0.225])
+    interpolation: Literal["bilinear", "bicubic", "nearest"] = Field(
+        "bilinear", description="how images are resized to image_size (a pretrained model card's wins)"
+    )
     hflip: bool = True
     train_crop: Literal["pad", "resized"] = "pad"
     # video

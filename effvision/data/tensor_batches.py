@@ -130,10 +130,11 @@ class TensorBatches(ShuffledBatches):
         return x
 
 
-def _fitted(size: int):
+def _fitted(size: int, interpolation: str = "bilinear"):
     from torchvision.transforms import v2
 
-    fit = v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
+    mode = v2.InterpolationMode(interpolation)
+    fit = v2.Compose([v2.Resize(size, interpolation=mode, antialias=True), v2.CenterCrop(size)])
     return lambda img: img if tuple(img.shape[-2:]) == (size, size) else fit(img)
 
 
@@ -144,10 +145,10 @@ def _image_base(ds):
     return base, indices
 
 
-def stack_images(ds, size: int) -> torch.Tensor:
+def stack_images(ds, size: int, interpolation: str = "bilinear") -> torch.Tensor:
     """Every image of an image dataset as one uint8 tensor, resized (short side) and centre-cropped to size."""
     base, indices = _image_base(ds)
-    fit = _fitted(size)
+    fit = _fitted(size, interpolation)
     return torch.stack([fit(base.image(i)) for i in indices])
 
 
@@ -155,23 +156,27 @@ def decoded_bytes(ds, size: int) -> int:
     return len(ds) * 3 * size * size
 
 
-def _cache_key(base, size: int) -> str:
+def _cache_key(base, size: int, interpolation: str = "bilinear") -> str:
     source = getattr(base, "source", None)
     if source is None:
         raise EffvisionError("this image dataset has no files to key a decoded cache on; it must fit in memory")
     st = source.path.stat()
     ident = [CACHE_VERSION, str(source.path.resolve()), st.st_size, st.st_mtime_ns, base.samples, size]
+    if interpolation != "bilinear":  # the keys of existing bilinear caches stay as they were
+        ident.append(interpolation)
     return hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:20]
 
 
-def mapped_images(ds, size: int, cache_dir: str | Path, progress=None) -> tuple[np.ndarray, list[int]]:
+def mapped_images(
+    ds, size: int, cache_dir: str | Path, progress=None, interpolation: str = "bilinear"
+) -> tuple[np.ndarray, list[int]]:
     """The whole split under ds decoded once to `<cache_dir>/images/<key>.npy` (N x 3 x size x
     size uint8, written row by row, never whole in memory; renamed into place when complete, so
     the processes of a run and later runs share it), memory-mapped; and the rows of ds's samples."""
     base, indices = _image_base(ds)
-    path = Path(cache_dir).expanduser() / "images" / f"{_cache_key(base, size)}.npy"
+    path = Path(cache_dir).expanduser() / "images" / f"{_cache_key(base, size, interpolation)}.npy"
     if not path.is_file():
-        fit = _fitted(size)
+        fit = _fitted(size, interpolation)
 
         def write(tmp: Path) -> None:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(base), 3, size, size))

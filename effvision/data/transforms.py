@@ -6,12 +6,15 @@ import torch
 from torchvision.transforms import v2
 
 
-def train_transform(size: int, mean, std, hflip: bool = True, crop: str = "pad") -> v2.Compose:
+def train_transform(
+    size: int, mean, std, hflip: bool = True, crop: str = "pad", interpolation: str = "bilinear"
+) -> v2.Compose:
+    mode = v2.InterpolationMode(interpolation)
     ops = (
-        [v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True)]
+        [v2.RandomResizedCrop(size, scale=(0.35, 1.0), interpolation=mode, antialias=True)]
         if crop == "resized"
         else [
-            v2.Resize(size, antialias=True),
+            v2.Resize(size, interpolation=mode, antialias=True),
             v2.CenterCrop(size),
             v2.RandomCrop(size, padding=size // 8, padding_mode="reflect"),
         ]

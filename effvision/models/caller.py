@@ -59,6 +59,8 @@ def adopt(model: nn.Module, num_classes: int, input_size: list[int]) -> tuple[di
         "kwargs": {},
         "weights": None,
         "class": identity["class"],
+        # the first train stage fine-tunes a trained body; a head create_model started afresh stays new
+        "transfer": getattr(model, "effvision_spec", {}).get("transfer", {"new_head": False}),
     }
     return spec, identity
 

@@ -99,7 +99,11 @@ def create_model(
     source = pretrained or spec.get("weights")
     packaged = card is not None and card.package is not None and card.trained is None
     if packaged and source in (None, "zoo"):  # a card of packaged weights is built with them
-        load_packaged(model, card.name, card.package)
+        reset = load_packaged(model, card.name, card.package)
     elif source:
-        load_pretrained(model, weights_file(source, card))
+        reset = load_pretrained(model, weights_file(source, card))
+    else:
+        return model
+    # The next train stage fine-tunes a pretrained body (a new head when the class count differed).
+    model.effvision_spec["transfer"] = {"new_head": bool(reset)}
     return model

@@ -57,7 +57,9 @@ def card_weights(card) -> Path:
     path = trained_weights_path(card)
     if path is not None:
         if not path.is_file():
-            raise EffvisionError(f"{card.name}: trained weights {path} are missing; {card.trained.command}")
+            raise EffvisionError(
+                f"{card.name}: trained weights {path} are missing; rebuild them: {card.trained.command}"
+            )
         if sha256_of(path) != card.trained.sha256:
             raise EffvisionError(f"{card.name}: {path} does not match the card's sha256 (modified or a different run)")
         return path

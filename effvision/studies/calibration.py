@@ -11,11 +11,11 @@ import torch
 
 from ..compression.quantize import quantize_onnx
 from ..compression.selection import calibration_indices
-from ..data import load_dataset
 from ..data.selectors import CalibrationConfig, known_selector
 from ..deploy import evaluate
 from ..errors import EffvisionError
 from ..fileio import read_json
+from ..pipeline import recipe_data
 from ..progress import log
 from ..stages import load_recipe
 from .common import Rows, markdown_table, mean_std
@@ -61,7 +61,7 @@ def calibration_study(
         CalibrationConfig(selector=known_selector(s), n=n) for s in selectors
     ]  # unknown selectors stop here, in one line
     recipe = load_recipe(run_dir / "recipe.yaml")
-    data = load_dataset(recipe.data, seed=recipe.seed)
+    data = recipe_data(recipe)
     model_path, fp32, run_method = _run_artifacts(run_dir)
     method = method or run_method
     model = load_checkpoint(model_path)

@@ -17,10 +17,10 @@ import torch
 
 from .. import yamlio
 from ..compression.selection import ProxyConfig, score
-from ..data import load_dataset
 from ..data.selectors import Signals, resolve_budget, select
 from ..errors import EffvisionError
 from ..fileio import atomic_write
+from ..pipeline import recipe_data
 from ..progress import log
 from ..recipe import Recipe
 from ..train.loop import fit
@@ -54,7 +54,7 @@ def selection_study(
         methods = ["random", *methods]
     select_cfg = _stage(recipe, "select")
     proxy = select_cfg.proxy if select_cfg else ProxyConfig()
-    data = load_dataset(recipe.data, seed=recipe.seed)
+    data = recipe_data(recipe)
     for b in budgets:
         resolve_budget(b, len(data.train))  # a bad budget stops here, before any training
 

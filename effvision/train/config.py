@@ -32,11 +32,17 @@ class TrainSettings(Strict):
     )
     warmup_epochs: float = Field(1.0, ge=0)
     # Fine-tuning a pretrained body.
-    head_lr_scale: float = Field(
-        1.0,
+    head_lr_scale: Optional[float] = Field(
+        None,
         gt=0,
-        description="learning rate of the classifier over the body's (a new head on a pretrained body learns "
-        "faster, e.g. 10)",
+        description="learning rate of the classifier over the body's. Default: 10 when a new head trains on a "
+        "pretrained body (the model's first train stage after pretrained weights), else 1",
+    )
+    freeze_bn: Optional[bool] = Field(
+        None,
+        description="keep every batch norm's statistics as they are (the layers still learn their scale and "
+        "shift). Default: on when fine-tuning a pretrained body with fewer than 16 images per batch per process, "
+        "whose statistics such batches would only blur",
     )
     freeze: list[str] = Field(
         default_factory=list,

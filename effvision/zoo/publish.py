@@ -91,15 +91,15 @@ def append_trained_block(card_name: str, block: dict) -> Path:
 def score_trained(card, overrides: list[str] | None = None) -> float:
     """Top-1 of a card's trained weights (sha256-checked) on the split its recipe validates on,
     rebuilt the way the recipe built it: what the card's `accuracy` claims, measured again."""
-    from ..data import load_dataset
     from ..models.factory import create_model
+    from ..pipeline import recipe_data
     from ..scoring import accuracy, torch_predictor
     from ..stages import load_recipe
 
     if card.trained is None:
         raise EffvisionError(f"card {card.name} has no trained weights")
     recipe = load_recipe(card.trained.recipe, overrides)
-    data = load_dataset(recipe.data, seed=recipe.seed)
+    data = recipe_data(recipe)
     model = create_model(
         card.name, num_classes=data.num_classes, pretrained="zoo", input_size=data.input_size, **recipe.model.kwargs
     )
