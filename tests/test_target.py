@@ -240,3 +240,40 @@ def test_lookup_interpolates_along_the_grid_each_output_width_has(tmp_path):
     assert tables.lookup(fc, 12, 10) == pytest.approx(1.5)
     # a third of the way from output 10 (1.5 at input 12) to output 16 (5.0)
     assert tables.lookup(fc, 12, 12) == pytest.approx(2 / 3 * 1.5 + 1 / 3 * 5.0)
+
+
+def test_tf_same_padding_layers_are_timed_as_they_run():
+    """timm's tf_ models pad in the forward (Conv2dSame, padding attribute 0): each layer alone, in
+    torch and as ONNX, gives the output the layer gives inside the network (a 5x5 kernel on a 4x4
+    map timed without that padding has no output at all)."""
+    import numpy as np
+
+    from effvision.compression.latency import layer_module, layer_onnx
+    from effvision.deploy.runtime import ort_session
+
+    model = create_model("timm:tf_efficientnet_lite0", num_classes=10, input_size=[3, 64, 64]).eval()
+    outputs = {}
+    hooks = [
+        m.register_forward_hook(lambda mod, i, o, n=n: outputs.__setitem__(n, o.shape))  # returns None
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Conv2d)
+    ]
+    with torch.inference_mode():
+        model(torch.zeros(1, 3, 64, 64))
+    for h in hooks:
+        h.remove()
+    layers = [la for la in find_layers(model, [3, 64, 64]) if la.kind == "conv"]
+    asymmetric = [la for la in layers if la.pad_end]
+    assert asymmetric and any(la.kernel == (5, 5) and la.spatial == (4, 4) for la in layers)
+    for layer in asymmetric + [la for la in layers if la.kernel == (5, 5)]:
+        x = torch.zeros(1, layer.cin, *layer.spatial)
+        with torch.inference_mode():
+            assert layer_module(layer)(x).shape == outputs[layer.name], layer
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for layer in asymmetric[:3]:
+            session = ort_session(layer_onnx(layer, Path(tmp) / "l.onnx"))
+            y = session.run(None, {"x": np.zeros((1, layer.cin, *layer.spatial), np.float32)})[0]
+            assert y.shape == tuple(outputs[layer.name]), layer

@@ -26,6 +26,7 @@ def _export_data(net, data: Optional[str], data_root: Optional[str]):
     """The dataset that verifies (and calibrates) an export: --data, else the one the checkpoint
     was trained on, else digits; it must fit the model."""
     from ..data import load_dataset
+    from ..models.zoo import get_card
     from ..recipe import DataConfig
 
     trained_on = net.effvision_spec.get("data")
@@ -35,7 +36,8 @@ def _export_data(net, data: Optional[str], data_root: Optional[str]):
         )
     else:
         cfg = DataConfig(name=data or "digits", root=data_root)
-    bundle = load_dataset(cfg)
+    card = get_card(net.effvision_spec.get("name", ""))  # a pretrained card's inputs are normalised its way
+    bundle = load_dataset(cfg, preprocessing=card.preprocessing if card else None)
     spec = net.effvision_spec
     if list(bundle.input_size) != list(spec["input_size"]) or bundle.num_classes != spec["num_classes"]:
         raise EffvisionError(

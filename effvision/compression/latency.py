@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from timm.layers import Conv2dSame
 from torch import nn
 
 from ..fileio import write_json
@@ -28,6 +29,7 @@ from ..progress import log
 LEVELS = 8  # grid points per width: k/8 of the full width, k = 1..8
 TIMED_MS = 10  # timed per layer and pass: a 30-microsecond layer's median over 15 calls is noise
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+PAD = (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Layer:
     dilation: tuple[int, ...]
     spatial: tuple[int, ...]  # the input's size after (batch, channels); a linear layer's leading dims
     per_sample: int = 1  # rows of the layer's batch per input sample (a video net's frames)
+    pad_end: tuple[int, ...] = ()  # padding after each spatial dimension where it differs from `padding`
 
     @property
     def depthwise(self) -> bool:
@@ -64,6 +67,7 @@ class Layer:
                 self.dilation,
                 self.spatial,
                 self.per_sample,
+                *([self.pad_end] if self.pad_end else []),  # the tables of symmetric layers keep their keys
             ]
         )
 
@@ -107,7 +111,11 @@ def _describe(name: str, m: nn.Module, inputs) -> Layer:
     x = inputs[0]  # of a forward on one sample: its first dimension is the rows per sample
     if isinstance(m, nn.Linear):
         return Layer(name, "linear", m.in_features, m.out_features, 1, (), (), (), (), tuple(x.shape[1:-1]), x.shape[0])
-    if isinstance(m.padding, tuple):
+    pad_end: tuple[int, ...] = ()
+    if isinstance(m, Conv2dSame):
+        pad, pad_end = _tf_same_padding(m, tuple(x.shape[2:]))
+        pad_end = pad_end if pad_end != pad else ()
+    elif isinstance(m.padding, tuple):
         pad = m.padding
     else:  # 'same' keeps the size (stride 1), 'valid' pads nothing
         same = m.padding == "same"
@@ -124,7 +132,20 @@ def _describe(name: str, m: nn.Module, inputs) -> Layer:
         tuple(m.dilation),
         tuple(x.shape[2:]),
         x.shape[0],
+        pad_end,
     )
+
+
+def _tf_same_padding(m: nn.Module, spatial: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Padding before and after each dimension that timm's Conv2dSame (the tf_ models' TensorFlow
+    'SAME') adds in its forward from the input size: its `padding` attribute is 0, and a layer
+    timed without it is another layer (a 5x5 kernel on a 4x4 map has no output)."""
+    before, after = [], []
+    for size, k, st, d in zip(spatial, m.kernel_size, m.stride, m.dilation, strict=True):
+        total = max((-(-size // st) - 1) * st + (k - 1) * d + 1 - size, 0)
+        before.append(total // 2)
+        after.append(total - total // 2)
+    return tuple(before), tuple(after)
 
 
 def grid(width: int, multiple: int = 1) -> list[int]:
@@ -139,16 +160,21 @@ def layer_module(layer: Layer) -> nn.Module:
     if layer.kind == "linear":
         core: nn.Module = nn.Linear(layer.cin, layer.cout)
     else:
-        conv = CONV[len(layer.kernel) - 1]
+        dims = len(layer.kernel)
+        conv = CONV[dims - 1]
+        asymmetric = bool(layer.pad_end)
         core = conv(
             layer.cin,
             layer.cout,
             layer.kernel,
             layer.stride,
-            layer.padding,
+            0 if asymmetric else layer.padding,
             layer.dilation,
             groups=layer.groups,
         )
+        if asymmetric:  # F.pad's order: the last dimension first, (before, after) each
+            sides = [p for b, a in zip(reversed(layer.padding), reversed(layer.pad_end), strict=True) for p in (b, a)]
+            core = nn.Sequential(PAD[dims - 1](tuple(sides), 0.0), core)
     return nn.Sequential(core, nn.ReLU()).eval()
 
 
@@ -165,7 +191,7 @@ def layer_onnx(layer: Layer, path: Path) -> Path:
         x_shape = ["batch", *layer.spatial, layer.cin]
     else:
         w = rng.standard_normal((layer.cout, layer.cin // layer.groups, *layer.kernel), dtype=np.float32) * 0.1
-        pads = list(layer.padding) * 2
+        pads = list(layer.padding) + list(layer.pad_end or layer.padding)
         conv = helper.make_node(
             "Conv",
             ["x", "w", "b"],

@@ -121,8 +121,15 @@ def build_model(
 
 
 def _norm_of(model) -> tuple:
-    """The normalisation a checkpoint was trained with (its dataset card), else ImageNet's."""
-    data = getattr(model, "effvision_spec", {}).get("data")
+    """The normalisation a checkpoint was trained with (its pretrained model card's, else its
+    dataset card's), else ImageNet's."""
+    from ..models.zoo import get_card as model_card
+
+    spec = getattr(model, "effvision_spec", {})
+    card = model_card(spec.get("name", ""))
+    if card is not None and card.preprocessing is not None:
+        return card.preprocessing.mean, card.preprocessing.std
+    data = spec.get("data")
     if data:
         from ..data.cards import get_card
 
