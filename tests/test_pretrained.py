@@ -254,6 +254,9 @@ def test_the_finetune_example_runs_on_an_image_folder(tmp_path):
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert [s["name"] for s in report["stages"]] == ["finetune", "export", "bench"]
     assert report["dataset"]["num_classes"] == 3 and "ships:" in run.stdout
+    # the train stage knew the body pretrained and the head new (the example sets every rate itself)
+    finetune = json.loads(next((tmp_path / "run" / "stages").glob("*-finetune/metrics.json")).read_text())
+    assert finetune["transfer"] == {"pretrained": True, "new_head": True, "defaults": {}}
 
 
 def test_a_recipe_on_a_pretrained_card_feeds_the_data_as_the_weights_expect(tmp_path):

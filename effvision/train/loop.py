@@ -93,7 +93,7 @@ def make_optimizer(model: nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
     kwargs = {"momentum": s.momentum} if s.optimizer in ("sgd", "nesterov", "momentum", "lars") else {}
     name = ("lookahead_" if s.lookahead else "") + _TIMM_OPT[s.optimizer]
     opt = create_optimizer_v2(model, opt=name, lr=s.lr, weight_decay=s.weight_decay, **kwargs)
-    if (s.head_lr_scale or 1.0) != 1.0:
+    if s.head_lr_scale != 1.0:
         _split_head(opt, model, s.lr, s.head_lr_scale)
     return opt
 
