@@ -281,17 +281,6 @@ def test_frozen_layers_keep_weights_and_statistics_then_train_again(small_data):
         fit(m, small_data, TrainSettings(epochs=1, freeze=["stme"]), torch.device("cpu"))
 
 
-def test_freeze_bn_keeps_every_running_statistic_while_the_layers_learn(small_data):
-    m = create_model("cifar_resnet8", width=0.25)
-    stats = {k: v.clone() for k, v in m.state_dict().items() if "running_" in k}
-    fit(m, small_data, TrainSettings(epochs=1, lr=0.1, freeze_bn=True), torch.device("cpu"))
-    after = m.state_dict()
-    assert stats and all(torch.equal(v, after[k]) for k, v in stats.items())
-    assert not torch.equal(after["fc.weight"], create_model("cifar_resnet8", width=0.25).state_dict()["fc.weight"])
-    fit(m, small_data, TrainSettings(epochs=1, lr=0.1), torch.device("cpu"))  # unset: the statistics move
-    assert not all(torch.equal(v, m.state_dict()[k]) for k, v in stats.items())
-
-
 def _transfer_model(new_head: bool):
     m = create_model("cifar_resnet8", width=0.25)
     m.effvision_spec["transfer"] = {"new_head": new_head}
@@ -304,7 +293,7 @@ def test_transfer_defaults_apply_to_a_pretrained_body_only_where_the_recipe_is_s
     cfg = TrainStageConfig(epochs=5)  # a warm-up of 1 epoch is under 30% of it
     chosen, said = transfer_settings(cfg, _transfer_model(new_head=True))
     assert chosen.lr == 0.01 and said["defaults"] == {"lr": 0.01}
-    assert chosen.head_lr_scale == 1.0 and chosen.freeze_bn is False  # measured, neither paid (BENCHMARKS.md)
+    assert chosen.head_lr_scale == 1.0  # a 10x head measured worse (BENCHMARKS.md)
     short, said = transfer_settings(TrainStageConfig(epochs=2), _transfer_model(True))
     assert short.warmup_epochs == 0.6 and said["defaults"]["warmup_epochs"] == 0.6  # not the whole first epoch
     scratch, said = transfer_settings(cfg, create_model("cifar_resnet8", width=0.25))

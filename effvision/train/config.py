@@ -38,12 +38,6 @@ class TrainSettings(Strict):
         description="learning rate of the classifier over the body's (e.g. 10 for a new head on a pretrained body; "
         "measured on Lite0 to CIFAR-10 it did not pay, BENCHMARKS.md)",
     )
-    freeze_bn: bool = Field(
-        False,
-        description="keep every batch norm's statistics as they are (the layers still learn their scale and "
-        "shift). Not a default for small batches: Lite0 from ImageNet on CIFAR-10 at batch 8 fell to chance "
-        "with it (0.10 against 0.335, BENCHMARKS.md)",
-    )
     freeze: list[str] = Field(
         default_factory=list,
         description="module names (or name prefixes, e.g. conv_stem, blocks.0) kept as they are for this stage: "

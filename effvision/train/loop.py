@@ -428,10 +428,6 @@ def fit(
             model.train()
             for module in still:  # frozen layers: their batch norm keeps the pretrained statistics
                 module.eval()
-            if s.freeze_bn:
-                for module in model.modules():
-                    if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                        module.eval()
             set_epoch(loader, epoch)
             size = epoch_size(s, epoch)
             loss_sum, seen, steps = 0.0, 0, 0
