@@ -351,11 +351,18 @@ class LatencyModel:
         self.layers, self.tables = layers, tables
         self.measurements: list[tuple[dict[str, tuple[float, float]], float]] = []  # (widths, measured ms)
         self._line: tuple[float, float] | None = None  # fitted once per set of measurements
+        # A width search predicts the same few widths per layer hundreds of thousands of times (every
+        # grid vector of a 50-layer net): each lookup is computed once (the tables are complete here).
+        self._layer_ms: dict[tuple[str, tuple[int, ...], float, float], float] = {}
 
     def layer_ms(self, layer: Layer, cin: float, cout: float) -> float:
         """The layer's table time at (cin, cout) less the per-call cost it was timed with (a
         network of 20 layers pays that once, not 20 times)."""
-        return max(0.0, self.tables.lookup(layer, cin, cout) - self.tables.call_ms())
+        key = (layer.name, layer.spatial, cin, cout)
+        ms = self._layer_ms.get(key)
+        if ms is None:
+            ms = self._layer_ms[key] = max(0.0, self.tables.lookup(layer, cin, cout) - self.tables.call_ms())
+        return ms
 
     def table_sum(self, widths: dict[str, tuple[float, float]]) -> float:
         """widths: layer name -> (cin, cout) for the layers not at their full width."""
