@@ -139,7 +139,7 @@ def bench(
     precision and batch size, with warm-up and repeats. A model is exported first for backends
     that run files (int8 calibrated on random inputs: for speed, not accuracy)."""
     from ..deploy.backends import check_pair
-    from ..deploy.bench import bench_model, benchmark, default_backend
+    from ..deploy.bench import bench_model, benchmark, default_backend, settle_shares
     from ..deploy.results import write_results
     from ..deploy.roofline import Roofline
     from ..device import resolve_device
@@ -193,6 +193,7 @@ def bench(
         backends = csv(backend) if backend else ["torch-eager", "onnxruntime-cpu"]
         pairs = [(b, p) for b in backends for p in (precisions or ["fp32"])]
         rows = bench_model(net, shape, pairs, macs=count_macs(net, shape), **kw)
+    rows = settle_shares(rows, rf)
     _print_bench(f"bench: {artifact} on {dev}", rows)
     meta = {"artifact": artifact, "input_shape": shape, "roofline": rf.summary() if rf else None, "env": collect_env()}
     if json_file:

@@ -13,7 +13,7 @@ from ..errors import EffvisionError
 from ..recipe import StageConfig
 from ..registry import BACKENDS, EXPORTERS
 from ..stage import StageResult, register_stage
-from .bench import add_roofline, benchmark, compare
+from .bench import add_roofline, benchmark, compare, settle_shares
 from .exporters import FP32_RELATIVE_TOLERANCE, export_verified, parity_failure
 
 
@@ -232,6 +232,7 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
         measurements += time_against_final(ctx, ref, cfg.batches, device, cfg.warmup, cfg.repeats)
     if not measurements:
         raise EffvisionError(f"bench: nothing to measure with backends {cfg.backends} on {device.type}")
+    settle_shares(measurements, roofline)
     plot = plot_sweep(measurements, ctx.stage_dir / "bench.png", f"{ctx.recipe.name}: latency and throughput")
     extra = {"roofline": roofline.summary() if roofline else None, "plots": [plot.name] if plot else []}
     extra.update(headline(ref, measurements, cfg.batches) if ref else {"reference": None, "headline": None})

@@ -26,7 +26,7 @@ from ..errors import EffvisionError, one_line
 from ..interrupts import Interrupted, deferred_signals, interruptible
 from .backends import BackendUnavailable, check_pair
 from .backends import backend as get_backend
-from .bench import benchmark
+from .bench import benchmark, settle_shares
 from .cells import STATUSES, Clock, Predictor, describe, settle
 from .exporters import export_for_backend, export_verified
 from .roofline import Roofline
@@ -224,6 +224,7 @@ def run_suite(
     roofline = None
 
     def save(plot: bool = False):
+        settle_shares(cells, roofline)
         meta.update(
             roofline=roofline.summary() if roofline else None,
             models=models,
