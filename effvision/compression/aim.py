@@ -70,15 +70,20 @@ class Aim:
         work.mkdir(parents=True, exist_ok=True)
         return export_for_backend(model, takes, "fp32", work, self.shape, batch=self.target.batch)[0]
 
-    def timings(self, models: dict[str, nn.Module]) -> dict[str, float]:
-        """Median ms of the reference and of each model at the target batch, timed interleaved
-        in one run, keyed by name ("reference" for the reference)."""
+    def prepared(self, model: nn.Module):
+        """The model as the target backend runs it (its exported file, for a backend that runs
+        files): for a model timed again and again, exported once."""
+        self._count += 1
+        return self._artifact(copy.deepcopy(model).cpu().eval(), f"candidate-{self._count}")
+
+    def timings(self, models: dict) -> dict[str, float]:
+        """Median ms of the reference and of each model (a module, or what prepared() gave) at the
+        target batch, timed interleaved in one run, keyed by name ("reference" for the reference)."""
         from ..deploy.bench import compare
 
         targets = {"reference": (self._ref, "fp32")}
         for name, model in models.items():
-            self._count += 1
-            targets[name] = (self._artifact(copy.deepcopy(model).cpu().eval(), f"candidate-{self._count}"), "fp32")
+            targets[name] = (self.prepared(model) if isinstance(model, nn.Module) else model, "fp32")
         rows = compare(
             targets,
             self.shape,

@@ -109,13 +109,14 @@ def add_roofline(row: dict, macs: int | None, roofline: Roofline | None) -> dict
 
 def _divide_by_peak(row: dict, peak: dict) -> bool:
     """The row's share of `peak`, never above 100% (None and peak_exceeded instead); False there."""
-    share = row["achieved_flops_per_s"] / peak["flops_per_s"]
+    within = (share := row["achieved_flops_per_s"] / peak["flops_per_s"]) <= 1.0
     row.update(peak_flops_per_s=peak["flops_per_s"], peak_precision=peak["precision"], peak_probe=peak["probe"])
-    row.pop("peak_exceeded", None)
-    row.update(fraction_of_peak=share if share <= 1.0 else None)
-    if share > 1.0:
-        row.update(peak_exceeded=True)
-    return share <= 1.0
+    row.update(fraction_of_peak=share if within else None)
+    if within:
+        row.pop("peak_exceeded", None)  # (settled again against a higher peak)
+    else:
+        row["peak_exceeded"] = True
+    return within
 
 
 def settle_shares(rows: list[dict], roofline: Roofline | None) -> list[dict]:

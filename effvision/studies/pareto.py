@@ -117,6 +117,7 @@ def matched_ratio(aim, model, aimed, importance: str, ignore: list[str], multipl
     from ..compression.prune import prune
 
     lo, hi, tried = 0.0, 0.95, []
+    aimed = aim.prepared(aimed)  # exported once, timed beside every try
     for _ in range(SEARCH_STEPS):
         ratio = round((lo + hi) / 2, 4)
         candidate = prune(copy.deepcopy(model), ratio, importance, ignore=ignore, round_to=multiple)
