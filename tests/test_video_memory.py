@@ -20,7 +20,10 @@ from effvision.data.videos import VideoDataset
 READS, WARMUP, SIZE = 300, 50, 64
 # A clip here is 8 x 64 x 64 x 3 = 98 kB: keeping each one read (or its decoder's buffers, which
 # are larger) would add about 24 MiB over the 250 reads after warm-up. The measured growth is
-# under 1 MiB.
+# under 1 MiB, except for allocator pools that grow in a step: a CI run saw decord's RSS rise 5 and
+# 7 MiB in two of the ten windows, flat before and after (12.3 MiB in all). The bound is therefore
+# on the steady growth (the median window's growth, times the windows), which a leak moves and a
+# step does not.
 BOUND_MIB = 8.0
 # The real clips, read late in a full test session, still moved 8.6 MiB over the measured passes
 # once (allocator pools; flat again the next pass). A clip kept per read grows the same measurement
@@ -62,8 +65,8 @@ def test_rss_stays_flat_over_clip_reads(clips, backend):
     ds = _dataset(clips, backend)
     assert len(ds) == (8 if backend == "decord" else 9)
     r = rss_over_reads(ds, READS, every=25, warmup=WARMUP)
-    assert r["growth_mib"] < BOUND_MIB, (
-        f"{backend}: RSS grew {r['growth_mib']:.1f} MiB over {READS - WARMUP} reads: {r['rss_mib']}"
+    assert r["steady_growth_mib"] < BOUND_MIB, (
+        f"{backend}: RSS grew {r['steady_growth_mib']:.1f} MiB steadily over {READS - WARMUP} reads: {r['rss_mib']}"
     )
 
 
@@ -72,7 +75,7 @@ def test_the_measurement_catches_a_per_read_leak(clips, monkeypatch):
     kept, clip = [], FrameSampler.clip
     monkeypatch.setattr(FrameSampler, "clip", lambda self, *a, **k: kept.append(clip(self, *a, **k)) or kept[-1])
     r = rss_over_reads(_dataset(clips, "pyav"), READS, every=25, warmup=WARMUP)
-    assert len(kept) == READS and r["growth_mib"] > BOUND_MIB
+    assert len(kept) == READS and r["steady_growth_mib"] > BOUND_MIB
 
 
 @pytest.mark.slow  # 25-30 s; make test measures the same bound on generated clips with each backend
@@ -85,7 +88,7 @@ def test_shared_clips_read_without_growth():
     files = sorted(p for p in (SHARED / "testdata/videos").rglob("*") if p.is_file())
     ds = VideoDataset([(p, 0) for p in files], ["clip"], get_sampler("tsn", 8), 112, train=True, backend="auto")
     r = rss_over_reads(ds, 10 * len(files), every=len(files), warmup=5 * len(files))
-    assert r["skipped"] == 0 and r["growth_mib"] < SHARED_BOUND_MIB, r["rss_mib"]
+    assert r["skipped"] == 0 and r["steady_growth_mib"] < SHARED_BOUND_MIB, r["rss_mib"]
 
 
 class _MallInfo2(ctypes.Structure):
@@ -137,3 +140,28 @@ def test_pyav_reads_that_stop_early_free_native_memory(clips):
         video.frames([1, 5])
     per_read = (in_use() - before) / 1000
     assert per_read < 64, f"{per_read:.0f} bytes of native memory kept per read"
+
+
+def test_steady_growth_ignores_one_allocator_step_and_counts_a_leak(monkeypatch):
+    """The CI run's series (two steps of 5 and 7 MiB, flat otherwise) is not a leak; the same
+    windows growing 2.4 MiB each (a 98 kB clip kept per read) are."""
+    import effvision.data.video_loader_bench as bench
+
+    class Reads:
+        report = type("R", (), {"bad": []})()
+
+        def __len__(self):
+            return 1
+
+        def read(self, i):
+            pass
+
+    def replay(values):
+        it = iter(values)
+        monkeypatch.setattr(bench, "rss_mib", lambda: next(it))
+        return rss_over_reads(Reads(), READS, every=25, warmup=WARMUP)
+
+    ci = [1471.5, 1473.2, 1473.2, 1473.2, 1473.2, 1473.2, 1473.2, 1473.2, 1478.4, 1485.5, 1485.5, 1485.5, 1485.5]
+    r = replay(ci)
+    assert r["growth_mib"] > BOUND_MIB > r["steady_growth_mib"]
+    assert replay([1471.5 + 2.4 * n for n in range(13)])["steady_growth_mib"] > BOUND_MIB
