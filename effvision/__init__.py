@@ -22,6 +22,7 @@ def __getattr__(name):
         "bench_model": "deploy",
         "evaluate": "deploy",
         "compress": "api",
+        "load": "deploy.predictor",
     }
     if name == "stages":  # the stage configs by name: effvision.stages.Train(...)
         return importlib.import_module(".stages", __name__)
@@ -44,5 +45,6 @@ __all__ = [
     "benchmark",
     "bench_model",
     "evaluate",
+    "load",
     "stages",
 ]

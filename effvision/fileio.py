@@ -52,6 +52,28 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
+def atomic_dir(path: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Call fill(tmp_folder) then put the folder in place of path (an older one is replaced
+    whole), so readers see the old folder or the new, never a mix or a half."""
+    import shutil
+
+    path = Path(path)
+    tmp = new_temporary_dir(path)
+    try:
+        fill(tmp)
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.old"
+            os.rename(path, old)
+        os.rename(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
 def write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda p: p.write_text(text))
 

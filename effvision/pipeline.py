@@ -186,9 +186,9 @@ class RunContext:
         from .scoring import torch_predictor
 
         model = model.eval()
-        path = save_checkpoint(model, self.stage_dir / "model.pt")
         if accuracy is None:
             accuracy = top1(torch_predictor(model, self.device), self.data.val_loader())
+        path = save_checkpoint(model, self.stage_dir / "model.pt", metadata=self.describe(model, accuracy, "torch"))
         self._model, self.model_path = model, path
         metrics = {
             **self._size(model),
@@ -200,14 +200,37 @@ class RunContext:
         }
         return StageResult(metrics, {"model": path.name})
 
+    def describe(
+        self, model: torch.nn.Module, accuracy: float, runtime: str, path: Path | None = None, precision: str = "fp32"
+    ) -> dict:
+        """What an artifact of this stage carries (deploy/metadata.py): classes, preprocessing,
+        input, the accuracy just measured on the whole validation split, recipe and stage."""
+        from .deploy.metadata import for_data, with_accuracy
+
+        batch, fmt = None, "checkpoint"
+        if path is not None and path.suffix == ".pte":
+            from .deploy.executorch_export import pte_input_shape
+
+            batch, fmt = pte_input_shape(path)[0], "executorch"
+        elif path is not None:
+            from .deploy.runtime import onnx_precision
+
+            precision, fmt = onnx_precision(path), "onnx"
+        source = {"recipe": self.recipe.name, "stage": self.stage_dir.name, "format": fmt, "precision": precision}
+        meta = for_data(self.data, model, batch=batch, source=source)
+        return with_accuracy(meta, accuracy, "val", len(self.data.val), runtime, self.data.name)
+
     def artifact_result(self, path: Path, extra: dict | None = None) -> StageResult:
         """Measure an exported artifact by running it in its runtime (ONNX Runtime for .onnx,
         ExecuTorch for .pte); an ONNX file becomes the current artifact for later stages."""
         from .deploy import evaluate
+        from .deploy.metadata import write_metadata
 
         path = Path(path)
         kind, runtime = ("pte", "executorch") if path.suffix == ".pte" else ("onnx", "onnxruntime")
         acc = evaluate(path, self.data.val_loader())
+        precision = (extra or {}).get("precision", "fp32")
+        write_metadata(path, self.describe(self.model, acc, runtime, path, precision))
         if kind == "onnx":
             self.onnx = path
         metrics = {
@@ -441,7 +464,24 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None, inpu
         for old in (run_dir / "stages").iterdir():
             if old.is_dir() and old.name not in planned:
                 _discard(old)
+    _write_bundle(ctx)
     return write_report(run_dir)
+
+
+def _write_bundle(ctx: RunContext) -> None:
+    """runs/<name>/bundle/: the shipped ONNX file with its metadata, predict.py and a README, for
+    whoever runs it without effvision (deploy/bundle.py); none when no ONNX file ships."""
+    from .deploy.bundle import write_bundle
+    from .deploy.metadata import read_metadata
+
+    where = ctx.run_dir / "bundle"
+    shipped = ctx.shipped_record() if ctx.records else None
+    onnx = shipped["artifacts"].get("onnx") if shipped else None
+    if onnx is None or read_metadata(ctx.run_dir / onnx) is None:  # a run folder older than the metadata
+        shutil.rmtree(where, ignore_errors=True)
+        return
+    write_bundle(ctx.run_dir / onnx, where)
+    log(f"bundle: {where} (python {where / 'predict.py'} IMAGES...)")
 
 
 def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:

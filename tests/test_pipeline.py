@@ -194,3 +194,63 @@ def test_busy_run_folder_is_refused_and_freed_after(tmp_path, capsys):
     assert not (tmp_path / "stages").exists()  # the refused run wrote nothing
     with run_lock(tmp_path):  # released by the holder
         pass
+
+
+def test_every_artifact_says_its_classes_preprocessing_and_accuracy(tiny_run):
+    """The exported and int8 files carry the run's preprocessing, classes and measured top-1,
+    readable with onnxruntime alone; the checkpoints carry the same under `metadata`."""
+    import onnxruntime as ort
+
+    from effvision.data import load_dataset
+    from effvision.models.checkpoint import read_checkpoint
+
+    run_dir, report = tiny_run
+    card = load_dataset("digits").card
+    st = {s["name"]: s for s in report["stages"]}
+    for stage, folder in (("export", "4-export"), ("quantize", "5-quantize")):
+        session = ort.InferenceSession(str(run_dir / f"stages/{folder}/model.onnx"), providers=["CPUExecutionProvider"])
+        meta = json.loads(session.get_modelmeta().custom_metadata_map["effvision"])
+        p = meta["preprocessing"]
+        assert (p["size"], p["mean"], p["std"], p["interpolation"]) == (32, card.mean, card.std, card.interpolation)
+        assert meta["classes"] == [str(i) for i in range(10)] and meta["modality"] == "image"
+        assert meta["input"]["shape"] == ["batch", 3, 32, 32] and meta["input"]["dynamic_axes"] == {"0": "batch"}
+        assert meta["accuracy"]["top1"] == st[stage]["accuracy"] and meta["accuracy"]["runtime"] == "onnxruntime"
+        assert meta["accuracy"]["samples"] == 120 and meta["source"]["recipe"] == "tiny"
+        assert meta["source"]["stage"] == folder and meta["source"]["precision"] == (
+            "int8" if stage == "quantize" else "fp32"
+        )
+    ckpt = read_checkpoint(run_dir / "stages/1-baseline/model.pt")["metadata"]
+    assert ckpt["accuracy"]["top1"] == st["baseline"]["accuracy"] and ckpt["accuracy"]["runtime"] == "torch"
+    assert ckpt["preprocessing"] == meta["preprocessing"]
+
+
+def test_the_run_ends_with_a_bundle_of_the_shipped_file(tiny_run, tmp_path):
+    """runs/<name>/bundle: the shipped file, model.json, predict.py (run here on digits saved as
+    PNG files in class folders) and a README saying what the model expects."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    from effvision.data import load_dataset
+
+    run_dir, report = tiny_run
+    bundle = run_dir / "bundle"
+    assert (bundle / "model.onnx").read_bytes() == (run_dir / report["artifacts"]["onnx"]).read_bytes()
+    meta = json.loads((bundle / "model.json").read_text())
+    assert meta["file"] == "model.onnx" and meta["source"]["stage"] == "5-quantize"
+    assert "centre crop 32 px" in (bundle / "README.md").read_text()
+    val = load_dataset("digits").val
+    for i in range(20):
+        img, label = val[i]
+        (tmp_path / str(label)).mkdir(exist_ok=True)
+        Image.fromarray(img.permute(1, 2, 0).numpy()).save(tmp_path / str(label) / f"{i}.png")
+    out = subprocess.run(
+        [sys.executable, str(bundle / "predict.py"), str(tmp_path), "--json", str(tmp_path / "p.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert len(result["predictions"]) == 20 and result["top1"] is not None

@@ -13,32 +13,55 @@ from ..errors import EffvisionError
 from .common import csv, out, table
 
 
-def _load_model(spec: str, num_classes: Optional[int]):
-    """A checkpoint file written by effvision, or a model name (random weights)."""
-    from ..models import create_model, load_checkpoint
+def _load_model(spec: str, random_weights: bool = False):
+    """A checkpoint file written by effvision, or a name: a zoo card with its weights, or (with
+    random_weights) any architecture."""
+    from ..models import card_model, load_checkpoint
 
     if spec.endswith((".pt", ".pth", ".safetensors")) or os.sep in spec:
         return load_checkpoint(spec)
-    return create_model(spec, num_classes=num_classes).eval()
+    return card_model(spec, random_weights)
+
+
+def _bench_model(spec: str):
+    """What bench times: the card's model with its weights when it has them; otherwise the
+    architecture with random weights (the same speed), said in one line."""
+    try:
+        return _load_model(spec)
+    except EffvisionError as exc:
+        if spec.endswith((".pt", ".pth", ".safetensors")) or os.sep in spec:
+            raise
+        out.print(f"timing {spec} with random weights (the same speed): {exc}")
+        return _load_model(spec, random_weights=True)
 
 
 def _export_data(net, data: Optional[str], data_root: Optional[str]):
     """The dataset that verifies (and calibrates) an export: --data, else the one the checkpoint
-    was trained on, else digits; it must fit the model."""
+    was trained on or the zoo card names, else digits (said in one line); it must fit the model."""
     from ..data import load_dataset
     from ..models.zoo import get_card
     from ..recipe import DataConfig
 
-    trained_on = net.effvision_spec.get("data")
-    if data is None and trained_on:
+    spec = net.effvision_spec
+    card = get_card(spec.get("name", ""))
+    trained_on = spec.get("data") or ({"name": card.dataset, "root": None, "image_size": None} if card else None)
+    if data is None and trained_on and trained_on["name"]:
         cfg = DataConfig(
             name=trained_on["name"], root=data_root or trained_on["root"], image_size=trained_on["image_size"]
         )
     else:
+        if data is None:
+            out.print(f"no dataset known for {spec.get('name')}: verifying on digits (pass --data to choose)")
         cfg = DataConfig(name=data or "digits", root=data_root)
-    card = get_card(net.effvision_spec.get("name", ""))  # a pretrained card's inputs are normalised its way
-    bundle = load_dataset(cfg, preprocessing=card.preprocessing if card else None)
-    spec = net.effvision_spec
+    try:  # a pretrained card's inputs are normalised its way
+        bundle = load_dataset(cfg, preprocessing=card.preprocessing if card else None)
+    except EffvisionError as exc:
+        if data is not None:
+            raise
+        raise EffvisionError(
+            f"the model's dataset {cfg.name} is not available ({exc}); pass --data-root (the folder holding it) "
+            "or --data (another dataset the model fits)"
+        ) from None
     if list(bundle.input_size) != list(spec["input_size"]) or bundle.num_classes != spec["num_classes"]:
         raise EffvisionError(
             f"--data {cfg.name} ({bundle.num_classes} classes, input {bundle.input_size}) does not fit the model "
@@ -48,7 +71,7 @@ def _export_data(net, data: Optional[str], data_root: Optional[str]):
 
 
 def export(
-    model: str = typer.Argument(..., help="An effvision checkpoint (model.pt) or a model name."),
+    model: str = typer.Argument(..., help="An effvision checkpoint (model.pt) or a zoo card name (with its weights)."),
     format: str = typer.Option(
         "onnx", "--format", help="onnx (fp32, fp16, int8) or executorch (fp32, int8; XNNPACK, needs the [edge] extra)."
     ),
@@ -57,22 +80,34 @@ def export(
     data: Optional[str] = typer.Option(
         None,
         help="Dataset card for the parity check and int8 calibration (default: the one the checkpoint was trained "
-        "on, else digits).",
+        "on or the zoo card names, else digits).",
     ),
     data_root: Optional[str] = typer.Option(None, help="data.root for that dataset."),
     calibration_samples: int = typer.Option(256, help="Samples for int8 calibration."),
+    bundle_dir: Optional[Path] = typer.Option(
+        None, "--bundle", help="Also write a deployment bundle here: the file, model.json, predict.py, README.md."
+    ),
+    random_weights: bool = typer.Option(
+        False, "--random-weights", help="Export a name's architecture with random weights (no card weights needed)."
+    ),
 ):
     """Export a model (dynamic batch) and verify it against PyTorch on validation samples; the
-    parity figures are written beside the file as <file>.parity.json."""
+    parity figures are written beside the file as <file>.parity.json, and the file carries its
+    classes, preprocessing and measured accuracy (ONNX metadata_props["effvision"]; <file>.json
+    beside a .pte)."""
     import torch
 
     from ..compression.selection import calibration_indices
     from ..data.selectors import CalibrationConfig
     from ..deploy import evaluate
-    from ..deploy.exporters import export_verified, get_exporter
+    from ..deploy.exporters import export_verified, get_exporter, parity_path
+    from ..deploy.metadata import for_data, with_accuracy, write_metadata
+    from ..fileio import write_json
 
     exporter = get_exporter(format, precision)  # unknown format or precision: one line, before any work
-    net = _load_model(model, None)
+    if bundle_dir is not None and format != "onnx":
+        raise EffvisionError("--bundle holds an ONNX file (its predict.py runs on onnxruntime): use --format onnx")
+    net = _load_model(model, random_weights)
     bundle = _export_data(net, data, data_root)
     out_file = out_file or Path("model" + exporter.suffix)
     # The quantize stage's calibration path: class-balanced training samples, eval transforms.
@@ -83,11 +118,22 @@ def export(
         net, format, precision, out_file, net.effvision_spec["input_size"], calib, bundle.val_loader(), data=bundle.name
     )
     figures["accuracy"] = evaluate(path, bundle.val_loader())
-    from ..deploy.exporters import parity_path
-    from ..fileio import write_json
-
     write_json(parity_path(path), figures)
+    batch = None
+    if format == "executorch":
+        from ..deploy.executorch_export import pte_input_shape
+
+        batch = pte_input_shape(path)[0]
+    source = {"format": format, "precision": precision, "exported_from": model}
+    runtime = "executorch" if format == "executorch" else "onnxruntime"
+    meta = for_data(bundle, net, batch=batch, source=source)
+    meta = with_accuracy(meta, figures["accuracy"], "val", len(bundle.val), runtime, bundle.name)
+    write_metadata(path, meta)
     out.print(json.dumps(figures, indent=2))
+    if bundle_dir is not None:
+        from ..deploy.bundle import write_bundle
+
+        out.print(f"wrote the bundle {write_bundle(path, bundle_dir)}")
 
 
 def _print_bench(title: str, rows: list[dict]) -> None:
@@ -188,7 +234,7 @@ def bench(
                     )
                 rows += benchmark(artifact, shape, b, p, **kw)
     else:
-        net = _load_model(artifact, None)
+        net = _bench_model(artifact)
         shape = csv(input_size, int) if input_size else input_shape(net)
         backends = csv(backend) if backend else ["torch-eager", "onnxruntime-cpu"]
         pairs = [(b, p) for b in backends for p in (precisions or ["fp32"])]
@@ -203,4 +249,59 @@ def bench(
         out.print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
-COMMANDS = [export, bench]  # registered on the root app, in this order
+def predict(
+    artifact: str = typer.Argument(..., help="An .onnx or .pte file, an effvision checkpoint or a zoo card name."),
+    inputs: list[str] = typer.Argument(..., help="Image, video or point-cloud files, folders (recursive), zips."),
+    topk: int = typer.Option(3, "--topk", min=1, help="Classes shown per input."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Write every prediction and the summary here."),
+    batch: int = typer.Option(32, "--batch", min=1, help="Inputs run together."),
+    backend: Optional[str] = typer.Option(
+        None, help="onnxruntime-cpu (default for .onnx), onnxruntime-cuda, executorch (.pte), torch-eager (models)."
+    ),
+    mean: Optional[str] = typer.Option(None, help="For a file without effvision metadata: mean per channel, 0..1."),
+    std: Optional[str] = typer.Option(None, help="For a file without effvision metadata: std per channel."),
+    size: Optional[int] = typer.Option(None, help="For a file without effvision metadata: the square side it takes."),
+    quiet: bool = typer.Option(False, "--quiet", help="Only the summary (and unreadable files)."),
+):
+    """Run a shipped model on files with its own preprocessing: top-k classes per input, files/s
+    and the median time per batch, and the top-1 against folder labels (ImageFolder layout). An
+    unreadable file is one status line; the others are predicted."""
+    from ..deploy.predict_files import items, run, summary
+    from ..deploy.predictor import load
+    from ..fileio import write_json
+
+    vectors = {k: csv(v, float) if v else None for k, v in (("mean", mean), ("std", std))}
+    for k, v in vectors.items():
+        if v is not None and len(v) != 3:
+            raise EffvisionError(f"--{k} {v}: give three values (R,G,B)")
+    predictor = load(artifact, backend, vectors["mean"], vectors["std"], size)
+    found, other = items(inputs, predictor.modality, predictor.classes)
+    for name, why in other:
+        out.print(f"{name}: skipped: {why}", markup=False, highlight=False)
+    rows, outcome = [], None
+    for what, value in run(predictor, found, batch, topk):
+        if what == "row":
+            rows.append(value)
+            if not quiet:
+                tops = "  ".join(f"{t['class']} {t['p']:.3f}" for t in value["top"])
+                out.print(f"{value['input']}: {tops}", markup=False, highlight=False)
+        elif what == "skip":
+            out.print(f"{value[0]}: skipped: {value[1]}", markup=False, highlight=False)
+        else:
+            outcome = value
+    figures = summary(outcome, batch)
+    figures["skipped"] += len(other)
+    line = (
+        f"{figures['predicted']} predicted, {figures['skipped']} skipped in {figures['seconds']:.2f} s "
+        f"({figures['files_per_s']} files/s; p50 {figures['p50_batch_ms']} ms per batch of up to {batch}; "
+        f"{predictor.runtime})"
+    )
+    if figures["top1"] is not None:
+        line += f"; top-1 against folder labels {figures['top1']:.4f} ({figures['correct']}/{figures['labelled']})"
+    out.print(line, markup=False, highlight=False)
+    if json_file:
+        skipped = [{"input": n, "skipped": w} for n, w in other + outcome.skipped]
+        write_json(json_file, {"artifact": artifact, "summary": figures, "predictions": rows, "skipped": skipped})
+
+
+COMMANDS = [export, bench, predict]  # registered on the root app, in this order

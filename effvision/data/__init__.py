@@ -247,6 +247,11 @@ def load_dataset(config: DataConfig | str | None = None, seed: int = 0, preproce
         raise EffvisionError(
             f"dataset {card.name}: the card says {card.num_classes} classes, the data has {len(train.classes)}"
         )
+    if card.classes and card.classes != list(train.classes):
+        raise EffvisionError(
+            f"dataset {card.name}: the card's classes ({', '.join(card.classes[:4])}, ...) are not the data's "
+            f"({', '.join(list(train.classes)[:4])}, ...)"
+        )
     train = stratified_subset(train, config.max_train_samples, seed)
     val = stratified_subset(val, config.max_val_samples, seed)
     return DatasetBundle(card.name, card.modality, card, config, train, val, list(train.classes))

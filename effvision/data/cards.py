@@ -29,6 +29,9 @@ class DatasetCard(Strict):
     train: Optional[str] = Field(None, description="folder or .zip in ImageFolder layout, relative to root")
     val: Optional[str] = None
     num_classes: Optional[int] = Field(None, gt=0)
+    classes: Optional[list[str]] = Field(
+        None, description="class names in label order (the data's folders, sorted); exports carry them"
+    )
     image_size: int = Field(32, gt=0)
     mean: list[float] = Field(default_factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = Field(default_factory=lambda: [0.229, 0.224, 0.225])

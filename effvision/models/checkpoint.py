@@ -81,6 +81,14 @@ def _read(path: str | Path) -> dict:
         raise EffvisionError(f"cannot read checkpoint {path}: {str(exc).splitlines()[0]}") from None
 
 
+def read_checkpoint(path: str | Path) -> dict:
+    """The payload of an effvision checkpoint (spec, layers, state_dict, metadata), read safely."""
+    ckpt = _read(path)
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise EffvisionError(f"{path} is not an effvision checkpoint")
+    return ckpt
+
+
 def _resize(model: nn.Module, layers: dict[str, dict], state: dict) -> None:
     """Give every pruned layer the sizes and parameter shapes recorded in the checkpoint (every
     module's tensors, so custom modules with per-channel parameters follow too)."""

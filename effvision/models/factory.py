@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import EffvisionError
 from ..registry import MODELS, UnknownNameError, suggest
 from . import cifar_resnet, points, speednet, video  # noqa: F401  (register the built-in architectures)
 from .adapters import create_timm, create_torchvision
@@ -107,3 +108,24 @@ def create_model(
     # The next train stage fine-tunes a pretrained body (a new head when the class count differed).
     model.effvision_spec["transfer"] = {"new_head": bool(reset)}
     return model
+
+
+def card_model(name: str, random_weights: bool = False) -> nn.Module:
+    """A model named on the command line (export, bench, predict): a zoo card is the card's model
+    with its weights (trained, packaged or from the hub); a name without weights is refused in
+    one line unless `random_weights` asks for the architecture alone."""
+    card = get_card(name)
+    if random_weights:
+        return create_model(name).eval()
+    if card is None:
+        resolve(name)  # an unknown name is one line with suggestions
+        raise EffvisionError(
+            f"{name} is an architecture, not a zoo card with weights: give a checkpoint, or pass --random-weights "
+            "for the architecture alone"
+        )
+    if card.trained is not None or card.hub:
+        return create_model(name, pretrained="zoo").eval()
+    if card.package is not None or card.weights:
+        return create_model(name).eval()
+    how = f" (train it: effvision train {card.recipe})" if card.recipe else ""
+    raise EffvisionError(f"model card {name} has no weights{how}; pass --random-weights for the architecture alone")

@@ -51,7 +51,7 @@ class SpeedNet(LinearHead, nn.Module):
             blocks.append(SpeedBlock(cin, int(w), bn_momentum))
             cin = int(w)
         self.blocks = nn.Sequential(*blocks)
-        self.pool = nn.AdaptiveMaxPool2d(1)
+        self.pool = GlobalMaxPool()
         self.fc = nn.Linear(cin, num_classes, bias=False)
         self.logit_scale = logit_scale  # a fixed temperature (airbench: 1/9), not a parameter
 
@@ -64,6 +64,15 @@ class SpeedNet(LinearHead, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+class GlobalMaxPool(nn.Module):
+    """The largest value of each channel, as (N, C, 1, 1): AdaptiveMaxPool2d(1) written as amax,
+    which ExecuTorch lowers (adaptive_max_pool2d is outside its core ATen opset) and ONNX exports
+    as one ReduceMax."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.amax(dim=(2, 3), keepdim=True)
 
 
 @MODELS.register("speednet")
