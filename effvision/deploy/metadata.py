@@ -93,8 +93,7 @@ def describe(
     source: dict | None = None,
 ) -> dict:
     """The document. batch None: the batch dimension is dynamic (ONNX); else the program's fixed one."""
-    from .. import __version__
-    from ..env import git_sha
+    from ..env import _version, git_sha
 
     return {
         "format": FORMAT,
@@ -111,7 +110,7 @@ def describe(
         },
         "output": {"name": "logits", "shape": ["batch" if not batch else batch, len(classes)], "softmax": False},
         "accuracy": accuracy,
-        "source": {"effvision": __version__, "commit": git_sha(), **(source or {})},
+        "source": {"effvision": _version("effvision"), "commit": git_sha(), **(source or {})},
     }
 
 
