@@ -24,7 +24,7 @@ from . import stages as _stages  # noqa: F401  (registers every stage type befor
 from . import yamlio
 from .device import resolve_device
 from .errors import EffvisionError
-from .fileio import read_json, write_json, write_text
+from .fileio import WriteFailed, read_json, write_json, write_text
 from .interrupts import Interrupted
 from .progress import log
 from .recipe import Recipe, recipe_to_dict
@@ -336,22 +336,30 @@ def run_pipeline(
             return _run_stages(recipe, own_dir, only_types, inputs)
         except (KeyboardInterrupt, Interrupted) as stop:
             raise _interrupted(stop, own_dir) from None
+        except WriteFailed as exc:  # a full or failing disk: the file, and what the run folder kept
+            why = f"{exc.reason}; {own_dir} keeps {_kept(own_dir)}; free space and run the same command to continue"
+            raise WriteFailed(exc.path, why) from None
 
 
 def _interrupted(stop: BaseException, run_dir: Path) -> RunInterrupted:
     """What a stopped run kept: its completed stages and the last epoch checkpoint of the stage it was in."""
-    from .train.checkpoint import last_saved
-
     if isinstance(stop, Interrupted):
         why, code = stop.reason, stop.exit_code
     else:  # SIGINT under Python's own handler
         why, code = "interrupted by SIGINT", 130
+    return RunInterrupted(f"{why}; {run_dir} keeps {_kept(run_dir)}", code)
+
+
+def _kept(run_dir: Path) -> str:
+    """The completed stages of a run folder and the last epoch checkpoint written in it."""
+    from .train.checkpoint import last_saved
+
     done = sorted(p.parent.name for p in run_dir.glob("stages/*/metrics.json") if p.parent.name != INIT_DIR)
     kept = f"{len(done)} completed stage{'s' if len(done) != 1 else ''}"
     saved = Path(last_saved["path"]) if last_saved else None
     if saved is not None and saved.is_file() and run_dir.resolve() in saved.resolve().parents:
         kept += f" and {last_saved['label']} at epoch {last_saved['epoch']}/{last_saved['epochs']}"
-    return RunInterrupted(f"{why}; {run_dir} keeps {kept}", code)
+    return kept
 
 
 def _aims_at_recipe_target(recipe: Recipe, cfg) -> bool:

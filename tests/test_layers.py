@@ -18,6 +18,7 @@ LAYERS = [
         "effvision.paths",
         "effvision.yamlio",
         "effvision.fileio",
+        "effvision.cache",
         "effvision.progress",
         "effvision.interrupts",
         "effvision.device",

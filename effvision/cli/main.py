@@ -60,8 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"effvision: error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001  (an unexpected failure still gets one line unless --debug)
+        from ..fileio import write_failure
+
         if debug:
             raise
+        failure = write_failure(exc, getattr(exc, "filename", None) or "a file") if isinstance(exc, OSError) else None
+        if failure is not None:  # a full or failing disk outside our atomic writes
+            print(f"effvision: error: {failure}", file=sys.stderr)
+            return 1
         first = (str(exc).splitlines() or [""])[0]
         print(
             f"effvision: internal error: {type(exc).__name__}: {first} (run again with --debug for the traceback)",

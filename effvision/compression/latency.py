@@ -23,7 +23,7 @@ import torch
 from timm.layers import Conv2dSame
 from torch import nn
 
-from ..fileio import write_json
+from .. import cache
 from ..progress import log
 
 LEVELS = 8  # grid points per width: k/8 of the full width, k = 1..8
@@ -251,7 +251,7 @@ class LatencyTables:
     def __init__(self, backend: str, batch: int, device: torch.device, cache_dir: str | Path = "runs/cache/latency"):
         self.backend, self.batch, self.device = backend, batch, device
         self.path = Path(cache_dir) / f"{machine_key(backend, batch, device)}.json"
-        self.ms: dict[str, dict[str, float]] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.ms: dict[str, dict[str, float]] = cache.read_json(self.path, "latency-table")
         self.measured = 0  # grid points timed by this object (0 when the cache had them all)
         self._parsed: dict[str, dict[tuple[int, int], float]] = {}
 
@@ -267,12 +267,17 @@ class LatencyTables:
         if not todo:
             return
         log(f"  latency tables: timing {len(todo)} layer widths on {self.backend} at batch {self.batch}")
-        for sig_key, ms in self._time(todo).items():
-            sig, key = sig_key.split("|")
-            self.ms.setdefault(sig, {})[key] = ms
-            self._parsed.pop(sig, None)
+        timed = self._time(todo)
+
+        def merge(tables: dict) -> dict:  # with what other runs sharing the cache added meanwhile
+            for sig_key, ms in timed.items():
+                sig, key = sig_key.split("|")
+                tables.setdefault(sig, {}).setdefault(key, ms)
+            return tables
+
+        self.ms = cache.update(self.path, merge, "latency-table")
+        self._parsed.clear()
         self.measured += len(todo)
-        write_json(self.path, self.ms)
 
     def _time(self, todo: dict[str, Layer]) -> dict[str, float]:
         """Each layer timed alone with warm-up (a layer's weights warm in the cache, as when the

@@ -22,8 +22,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..cache import entries as entry_files
+from ..cache import entry as cache_entry
+from ..cache import open_memmap
 from ..errors import EffvisionError
-from ..fileio import atomic_write
 from ..registry import DATASETS
 from .builtin import data_root
 from .generated import generated_splits
@@ -75,8 +77,11 @@ class PointCloudDataset(torch.utils.data.Dataset):
         self.classes, self.sampler, self.train = classes, sampler, train
         self.report = ScanReport(total=len(entries))
         cache = self._cache_file(entries, card)
-        if not cache.is_file():
-            self._build_cache(entries, card, on_bad_sample, progress, cache)
+        entry_files(
+            [cache.with_suffix(".npy"), cache],  # the clouds, and their labels and counts
+            lambda tmps: self._build_cache(entries, card, on_bad_sample, progress, *tmps),
+            "point-cloud",
+        )
         with np.load(cache, allow_pickle=False) as z:
             self.rows, targets = z["rows"], z["targets"]
             self.source_points, self.source_bytes = z["source_points"], z["source_bytes"]
@@ -102,15 +107,13 @@ class PointCloudDataset(torch.utils.data.Dataset):
         key = hashlib.sha1(json.dumps([options, files]).encode()).hexdigest()[:20]
         return Path(card.cache_dir).expanduser() / "points" / f"{key}.npz"
 
-    def _build_cache(self, entries, card, on_bad_sample, progress, cache: Path) -> None:
+    def _build_cache(self, entries, card, on_bad_sample, progress, clouds: Path, meta: Path) -> None:
         """One row per file, written straight into the memory-mapped .npy (never all in memory);
         rows of unreadable files stay zero and are left out of `rows`."""
         rows, targets, counts, sizes, bad = [], [], [], [], []
 
         def write_clouds(tmp: Path) -> None:
-            out = np.lib.format.open_memmap(
-                tmp, mode="w+", dtype=np.float32, shape=(len(entries), card.cache_points, card.channels)
-            )
+            out = open_memmap(tmp, np.float32, (len(entries), card.cache_points, card.channels))
             for row, (path, label) in enumerate(
                 (progress or (lambda it, **_: it))(entries, description="reading point clouds")
             ):
@@ -140,8 +143,8 @@ class PointCloudDataset(torch.utils.data.Dataset):
                     bad=np.array(json.dumps(bad)),
                 )
 
-        atomic_write(cache.with_suffix(".npy"), write_clouds)
-        atomic_write(cache, write_meta)  # last: the .npz marks the cache complete
+        write_clouds(clouds)
+        write_meta(meta)
 
     def _fps_orders(self, cache: Path, progress) -> np.ndarray:
         """(files, starts, num_points) coarse-to-fine FPS orders of every cached cloud, computed
@@ -149,22 +152,19 @@ class PointCloudDataset(torch.utils.data.Dataset):
         (what evaluation sees), the others at random points seeded by the cloud's row."""
         s = self.sampler
         path = cache.with_name(f"{cache.stem}.fps{s.num_points}x{s.starts}.npy")
-        if not path.is_file():
-            points = self.clouds.shape[1]
+        points = self.clouds.shape[1]
 
-            def write(tmp: Path) -> None:
-                dtype = np.int16 if points <= np.iinfo(np.int16).max else np.int32
-                out = np.lib.format.open_memmap(
-                    tmp, mode="w+", dtype=dtype, shape=(len(self.clouds), s.starts, s.num_points)
-                )
-                for row in (progress or (lambda it, **_: it))(self.rows, description="farthest-point orders"):
-                    cloud = np.asarray(self.clouds[row])
-                    for k, start in enumerate(s.start_points(points, int(row))):
-                        out[row, k] = s.order(cloud, start)
-                out.flush()
-                del out
+        def write(tmp: Path) -> None:
+            dtype = np.int16 if points <= np.iinfo(np.int16).max else np.int32
+            out = open_memmap(tmp, dtype, (len(self.clouds), s.starts, s.num_points))
+            for row in (progress or (lambda it, **_: it))(self.rows, description="farthest-point orders"):
+                cloud = np.asarray(self.clouds[row])
+                for k, start in enumerate(s.start_points(points, int(row))):
+                    out[row, k] = s.order(cloud, start)
+            out.flush()
+            del out
 
-            atomic_write(path, write)
+        cache_entry(path, write, "farthest-point-order")
         return np.load(path, mmap_mode="r", allow_pickle=False)
 
     def __len__(self) -> int:

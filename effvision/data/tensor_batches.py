@@ -17,8 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import cache
+from ..cache import open_memmap
 from ..errors import EffvisionError
-from ..fileio import atomic_write
 from .timing import NO_SPLIT
 
 CACHE_VERSION = 1
@@ -175,15 +176,14 @@ def mapped_images(
     the processes of a run and later runs share it), memory-mapped; and the rows of ds's samples."""
     base, indices = _image_base(ds)
     path = Path(cache_dir).expanduser() / "images" / f"{_cache_key(base, size, interpolation)}.npy"
-    if not path.is_file():
-        fit = _fitted(size, interpolation)
+    fit = _fitted(size, interpolation)
 
-        def write(tmp: Path) -> None:
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(len(base), 3, size, size))
-            for i in (progress or (lambda it, **_: it))(range(len(base)), description="decoding to the image cache"):
-                out[i] = fit(base.image(i)).numpy()
-            out.flush()
-            del out
+    def write(tmp: Path) -> None:
+        out = open_memmap(tmp, np.uint8, (len(base), 3, size, size))
+        for i in (progress or (lambda it, **_: it))(range(len(base)), description="decoding to the image cache"):
+            out[i] = fit(base.image(i)).numpy()
+        out.flush()
+        del out
 
-        atomic_write(path, write)
+    cache.entry(path, write, "decoded-image")
     return np.load(path, mmap_mode="r", allow_pickle=False), indices
