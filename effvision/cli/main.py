@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except EffvisionError as exc:
         if debug:
             traceback.print_exc()
-        print(f"effvision: error: {exc}", file=sys.stderr)
+        print(f"effvision: error: {one_line(str(exc))}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001  (an unexpected failure still gets one line unless --debug)
         from ..fileio import write_failure
@@ -66,14 +66,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         failure = write_failure(exc, getattr(exc, "filename", None) or "a file") if isinstance(exc, OSError) else None
         if failure is not None:  # a full or failing disk outside our atomic writes
-            print(f"effvision: error: {failure}", file=sys.stderr)
+            print(f"effvision: error: {one_line(str(failure))}", file=sys.stderr)
             return 1
-        first = (str(exc).splitlines() or [""])[0]
+        first = one_line((str(exc).splitlines() or [""])[0])
         print(
             f"effvision: internal error: {type(exc).__name__}: {first} (run again with --debug for the traceback)",
             file=sys.stderr,
         )
         return 1
+
+
+def one_line(text: str) -> str:
+    """An error message as one line: control characters a user's input brought in (a newline or
+    carriage return in a file name) are shown escaped, as Python writes them."""
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
 
 
 def _interrupted(stop: BaseException, argv: list[str]) -> int:

@@ -184,12 +184,9 @@ def read_metadata(path: str | Path) -> dict | None:
     """The document of an artifact, or None when it carries none (a plain ONNX file)."""
     path = Path(path)
     if path.suffix == ".onnx":
-        import onnx
+        from .runtime import load_onnx
 
-        try:
-            model = onnx.load(str(path), load_external_data=False)
-        except Exception as exc:  # noqa: BLE001  (any unreadable file is the user's input problem)
-            raise EffvisionError(f"cannot read {path} as ONNX: {str(exc).splitlines()[0][:200]}") from None
+        model = load_onnx(path, external=False)
         text = next((p.value for p in model.metadata_props if p.key == KEY), None)
     elif path.suffix in (".pt", ".pth"):
         from ..models.checkpoint import read_checkpoint

@@ -45,11 +45,25 @@ def onnx_predictor(path: str | Path):
     return lambda x: run_session(session, x)
 
 
-def onnx_input_shape(path: str | Path) -> list[int]:
-    """The per-sample input shape of an ONNX model (batch dimension dropped)."""
+def load_onnx(path: str | Path, external: bool = True):
+    """The ModelProto of a file a user gave; a file that is missing or not ONNX is one line."""
     import onnx
 
-    inp = onnx.load(str(path), load_external_data=False).graph.input[0]
+    if not Path(path).is_file():
+        raise EffvisionError(f"ONNX file not found: {path}")
+    try:
+        return onnx.load(str(path), load_external_data=external)
+    except Exception as exc:  # noqa: BLE001  (protobuf's DecodeError and friends: the file is not ONNX)
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise EffvisionError(f"cannot read {path} as ONNX: {why}") from None
+
+
+def onnx_input_shape(path: str | Path) -> list[int]:
+    """The per-sample input shape of an ONNX model (batch dimension dropped)."""
+    graph = load_onnx(path, external=False).graph
+    if not graph.input:
+        raise EffvisionError(f"{path} has no inputs")
+    inp = graph.input[0]
     return [d.dim_value for d in inp.type.tensor_type.shape.dim][1:]
 
 
@@ -57,7 +71,7 @@ def onnx_precision(path: str | Path) -> str:
     """int8 when the graph holds QDQ pairs, fp16 when its weights are half, else fp32."""
     import onnx
 
-    graph = onnx.load(str(path)).graph
+    graph = load_onnx(path).graph
     if any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "MatMulInteger") for n in graph.node):
         return "int8"
     if any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer):
