@@ -222,7 +222,51 @@ def test_enospc_at_each_write_site_is_one_line_and_the_rerun_completes(site, tmp
     assert code == 1 and hit, (site, err)
     _one_line(err, f"cannot write {target}", "no space left on the device", f"{run} keeps")
     assert not list(run.rglob(".*.tmp")), "a half-written file was left"
+    finished = {p: p.stat().st_mtime_ns for p in run.glob("stages/*/metrics.json")}
     monkeypatch.setattr(os, "replace", real_replace)
     monkeypatch.setattr(os, "rename", real_rename)
     assert main(["compress", str(recipe), "--run-dir", str(run)]) == 0, capsys.readouterr().err
     assert (run / "bundle/model.onnx").is_file() and (run / "report.json").is_file()
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished, "a finished stage ran again"
+
+
+def test_enospc_writing_a_cache_entry_leaves_no_entry_and_the_next_build_makes_it(tmp_path, monkeypatch):
+    import errno
+
+    from effvision.errors import EffvisionError
+
+    path = tmp_path / "cache" / "entry.npy"
+
+    def full(tmp):
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp))
+
+    with pytest.raises(EffvisionError, match="no space left on the device"):
+        cache.entry(path, full, "test")
+    assert not path.exists() and not cache.seal_path(path).exists() and not list(path.parent.glob(".*.tmp"))
+    cache.entry(path, lambda tmp: tmp.write_bytes(b"whole"), "test")
+    assert path.read_bytes() == b"whole" and cache.damage(path) is None
+
+
+def test_enospc_saving_a_study_row_keeps_the_rows_before_and_the_rerun_measures_the_rest(tmp_path, monkeypatch):
+    from effvision.fileio import WriteFailed
+    from effvision.studies.common import Rows
+
+    rows = Rows(tmp_path / "study", {"seeds": 1})
+    rows.measure({"cell": "a"}, lambda: {"top1": 0.5})
+    real = os.replace
+
+    def full(src, dst, *a, **k):
+        if Path(dst).name == "results.json":
+            raise OSError(28, "No space left on device", str(dst))
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(WriteFailed, match="results.json: no space left on the device"):
+        rows.measure({"cell": "b"}, lambda: {"top1": 0.6})
+    monkeypatch.setattr(os, "replace", real)
+    again = Rows(tmp_path / "study", {"seeds": 1})
+    assert again.get(cell="a") == {"cell": "a", "top1": 0.5} and again.get(cell="b") is None
+    again.measure({"cell": "b"}, lambda: {"top1": 0.6})
+    assert [r["cell"] for r in Rows(tmp_path / "study", {"seeds": 1}).rows] == ["a", "b"]
+    assert not list((tmp_path / "study").glob(".*.tmp"))

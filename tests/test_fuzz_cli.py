@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import resource
 import subprocess
 from pathlib import Path
 
@@ -91,13 +92,16 @@ def _fuzz(examples: int, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     _workspace(tmp_path)
 
-    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    # a command line that runs over 30 s is a hang (hypothesis fails the example at its deadline)
+    @settings(max_examples=examples, deadline=30_000, suppress_health_check=list(HealthCheck), database=None)
     @given(argv=command_lines())
     def run(argv):
         check(argv)
 
     run()
     assert _repo_state() == before, "a fuzzed command wrote into the repository"
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    assert peak_mib < 4096, f"the process grew to {peak_mib:.0f} MiB"
 
 
 def test_fuzzed_command_lines_end_in_a_result_or_one_line(tmp_path, monkeypatch):
