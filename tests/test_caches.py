@@ -123,16 +123,17 @@ def _data(root: Path) -> Path:
 def test_two_processes_building_the_same_entries_end_with_good_entries_and_equal_results(tmp_path):
     alone = _build_all(str(_data(tmp_path / "alone")), 0)
     rng = random.Random(0)
-    ctx = multiprocessing.get_context("fork")
-    for rep in range(10):
-        root = _data(tmp_path / f"shared{rep}")
-        with ctx.Pool(2) as pool:
+    # spawned, not forked: a fork of a process whose OpenMP pool ran (open3d's sampling) may hang
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.starmap(time.sleep, [(0,), (0,)])  # both workers started before the first repetition
+        for rep in range(10):
+            root = _data(tmp_path / f"shared{rep}")
             results = pool.starmap(_build_all, [(str(root), rng.random() * 0.05) for _ in range(2)])
-        assert results == [alone, alone], rep
-        # decoded images; clouds, labels and FPS orders of both splits; the latency table
-        entries = [p for p in (root / "cache").rglob("*") if p.suffix in (".npy", ".npz", ".json")]
-        assert len(entries) == 8 and all(cache.damage(p) is None for p in entries), rep
-        assert not [p for p in (root / "cache").rglob(".*.tmp")], rep
+            assert results == [alone, alone], rep
+            # decoded images; clouds, labels and FPS orders of both splits; the latency table
+            entries = [p for p in (root / "cache").rglob("*") if p.suffix in (".npy", ".npz", ".json")]
+            assert len(entries) == 8 and all(cache.damage(p) is None for p in entries), rep
+            assert not [p for p in (root / "cache").rglob(".*.tmp")], rep
 
 
 # --------------------------------------------------------------------------- a full disk
