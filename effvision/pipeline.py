@@ -188,7 +188,7 @@ class RunContext:
         model = model.eval()
         if accuracy is None:
             accuracy = top1(torch_predictor(model, self.device), self.data.val_loader())
-        path = save_checkpoint(model, self.stage_dir / "model.pt", metadata=self.describe(model, accuracy, "torch"))
+        path = save_checkpoint(model, self.stage_dir / "model.pt", metadata=self.describe(model, accuracy))
         self._model, self.model_path = model, path
         metrics = {
             **self._size(model),
@@ -200,25 +200,13 @@ class RunContext:
         }
         return StageResult(metrics, {"model": path.name})
 
-    def describe(
-        self, model: torch.nn.Module, accuracy: float, runtime: str, path: Path | None = None, precision: str = "fp32"
-    ) -> dict:
+    def describe(self, model: torch.nn.Module, accuracy: float, path: Path | None = None, **source) -> dict:
         """What an artifact of this stage carries (deploy/metadata.py): classes, preprocessing,
         input, the accuracy just measured on the whole validation split, recipe and stage."""
-        from .deploy.metadata import for_data, with_accuracy
+        from .deploy.metadata import for_artifact
 
-        batch, fmt = None, "checkpoint"
-        if path is not None and path.suffix == ".pte":
-            from .deploy.executorch_export import pte_input_shape
-
-            batch, fmt = pte_input_shape(path)[0], "executorch"
-        elif path is not None:
-            from .deploy.runtime import onnx_precision
-
-            precision, fmt = onnx_precision(path), "onnx"
-        source = {"recipe": self.recipe.name, "stage": self.stage_dir.name, "format": fmt, "precision": precision}
-        meta = for_data(self.data, model, batch=batch, source=source)
-        return with_accuracy(meta, accuracy, "val", len(self.data.val), runtime, self.data.name)
+        source = {"recipe": self.recipe.name, "stage": self.stage_dir.name, **source}
+        return for_artifact(self.data, model, accuracy, path, source)
 
     def artifact_result(self, path: Path, extra: dict | None = None) -> StageResult:
         """Measure an exported artifact by running it in its runtime (ONNX Runtime for .onnx,
@@ -229,8 +217,7 @@ class RunContext:
         path = Path(path)
         kind, runtime = ("pte", "executorch") if path.suffix == ".pte" else ("onnx", "onnxruntime")
         acc = evaluate(path, self.data.val_loader())
-        precision = (extra or {}).get("precision", "fp32")
-        write_metadata(path, self.describe(self.model, acc, runtime, path, precision))
+        write_metadata(path, self.describe(self.model, acc, path, precision=(extra or {}).get("precision", "fp32")))
         if kind == "onnx":
             self.onnx = path
         metrics = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -13,26 +12,18 @@ from ..errors import EffvisionError
 from .common import csv, out, table
 
 
-def _load_model(spec: str, random_weights: bool = False):
-    """A checkpoint file written by effvision, or a name: a zoo card with its weights, or (with
-    random_weights) any architecture."""
-    from ..models import card_model, load_checkpoint
-
-    if spec.endswith((".pt", ".pth", ".safetensors")) or os.sep in spec:
-        return load_checkpoint(spec)
-    return card_model(spec, random_weights)
-
-
 def _bench_model(spec: str):
     """What bench times: the card's model with its weights when it has them; otherwise the
     architecture with random weights (the same speed), said in one line."""
+    from ..models import is_checkpoint_path, load_model
+
     try:
-        return _load_model(spec)
+        return load_model(spec)
     except EffvisionError as exc:
-        if spec.endswith((".pt", ".pth", ".safetensors")) or os.sep in spec:
+        if is_checkpoint_path(spec):
             raise
         out.print(f"timing {spec} with random weights (the same speed): {exc}")
-        return _load_model(spec, random_weights=True)
+        return load_model(spec, random_weights=True)
 
 
 def _export_data(net, data: Optional[str], data_root: Optional[str]):
@@ -101,13 +92,15 @@ def export(
     from ..data.selectors import CalibrationConfig
     from ..deploy import evaluate
     from ..deploy.exporters import export_verified, get_exporter, parity_path
-    from ..deploy.metadata import for_data, with_accuracy, write_metadata
+    from ..deploy.metadata import for_artifact, write_metadata
     from ..fileio import write_json
 
     exporter = get_exporter(format, precision)  # unknown format or precision: one line, before any work
     if bundle_dir is not None and format != "onnx":
         raise EffvisionError("--bundle holds an ONNX file (its predict.py runs on onnxruntime): use --format onnx")
-    net = _load_model(model, random_weights)
+    from ..models import load_model
+
+    net = load_model(model, random_weights)
     bundle = _export_data(net, data, data_root)
     out_file = out_file or Path("model" + exporter.suffix)
     # The quantize stage's calibration path: class-balanced training samples, eval transforms.
@@ -119,16 +112,9 @@ def export(
     )
     figures["accuracy"] = evaluate(path, bundle.val_loader())
     write_json(parity_path(path), figures)
-    batch = None
-    if format == "executorch":
-        from ..deploy.executorch_export import pte_input_shape
-
-        batch = pte_input_shape(path)[0]
-    source = {"format": format, "precision": precision, "exported_from": model}
-    runtime = "executorch" if format == "executorch" else "onnxruntime"
-    meta = for_data(bundle, net, batch=batch, source=source)
-    meta = with_accuracy(meta, figures["accuracy"], "val", len(bundle.val), runtime, bundle.name)
-    write_metadata(path, meta)
+    write_metadata(
+        path, for_artifact(bundle, net, figures["accuracy"], path, {"precision": precision, "exported_from": model})
+    )
     out.print(json.dumps(figures, indent=2))
     if bundle_dir is not None:
         from ..deploy.bundle import write_bundle
@@ -278,10 +264,9 @@ def predict(
     found, other = items(inputs, predictor.modality, predictor.classes)
     for name, why in other:
         out.print(f"{name}: skipped: {why}", markup=False, highlight=False)
-    rows, outcome = [], None
+    outcome = None
     for what, value in run(predictor, found, batch, topk):
         if what == "row":
-            rows.append(value)
             if not quiet:
                 tops = "  ".join(f"{t['class']} {t['p']:.3f}" for t in value["top"])
                 out.print(f"{value['input']}: {tops}", markup=False, highlight=False)
@@ -301,7 +286,9 @@ def predict(
     out.print(line, markup=False, highlight=False)
     if json_file:
         skipped = [{"input": n, "skipped": w} for n, w in other + outcome.skipped]
-        write_json(json_file, {"artifact": artifact, "summary": figures, "predictions": rows, "skipped": skipped})
+        write_json(
+            json_file, {"artifact": artifact, "summary": figures, "predictions": outcome.rows, "skipped": skipped}
+        )
 
 
 COMMANDS = [export, bench, predict]  # registered on the root app, in this order

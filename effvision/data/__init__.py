@@ -224,6 +224,18 @@ class _Transformed(Dataset):
         return (img, y, i) if self.with_index else (img, y)
 
 
+def resolved_card(config: DataConfig, preprocessing=None) -> DatasetCard:
+    """The dataset card as a run uses it: data.image_size over the card's, and a pretrained
+    model card's mean, std and interpolation for images (see load_dataset)."""
+    card = get_card(config.name)
+    if config.image_size:
+        card = card.model_copy(update={"image_size": config.image_size})
+    if preprocessing is not None and card.modality == "image":
+        keep = {k: getattr(preprocessing, k) for k in ("mean", "std", "interpolation")}
+        card = card.model_copy(update=keep)
+    return card
+
+
 def load_dataset(config: DataConfig | str | None = None, seed: int = 0, preprocessing=None) -> DatasetBundle:
     """Open a dataset by card name (e.g. 'digits', 'cifar10') or a DataConfig from a recipe.
     `preprocessing` (a pretrained model card's): its mean, std and interpolation replace the
@@ -231,12 +243,7 @@ def load_dataset(config: DataConfig | str | None = None, seed: int = 0, preproce
     stays the dataset's (or data.image_size), the resolution being the recipe's choice."""
     if config is None or isinstance(config, str):
         config = DataConfig(name=config or "digits")
-    card = get_card(config.name)
-    if config.image_size:
-        card = card.model_copy(update={"image_size": config.image_size})
-    if preprocessing is not None and card.modality == "image":
-        keep = {k: getattr(preprocessing, k) for k in ("mean", "std", "interpolation")}
-        card = card.model_copy(update=keep)
+    card = resolved_card(config, preprocessing)
     reader = DATASETS.get(card.source)
     train, val = reader(card, config, progress=track)
     if train.classes != val.classes:

@@ -126,6 +126,24 @@ def for_data(bundle, model, **kw) -> dict:
     return describe(bundle.modality, names, prep, list(bundle.input_size), **kw)
 
 
+def for_artifact(bundle, model, top1: float, path: Path | None = None, source: dict | None = None) -> dict:
+    """The document of a model or its exported file (path: .onnx or .pte; None: the checkpoint),
+    with the top-1 just measured on the bundle's whole validation split in the file's runtime.
+    Format, precision, fixed batch and runtime are read from the file itself."""
+    batch, fmt, precision, runtime = None, "checkpoint", "fp32", "torch"
+    if path is not None and Path(path).suffix == ".pte":
+        from .executorch_export import pte_input_shape
+
+        batch, fmt, runtime = pte_input_shape(path)[0], "executorch", "executorch"
+        precision = (source or {}).get("precision", "fp32")  # a program does not say; its exporter does
+    elif path is not None:
+        from .runtime import onnx_precision
+
+        fmt, precision, runtime = "onnx", onnx_precision(path), "onnxruntime"
+    meta = for_data(bundle, model, batch=batch, source={**(source or {}), "format": fmt, "precision": precision})
+    return with_accuracy(meta, top1, "val", len(bundle.val), runtime, bundle.name)
+
+
 def for_card(card) -> dict:
     """The document of a zoo card's model, from its dataset card (or its own preprocessing)."""
     from ..data.cards import get_card as get_dataset_card

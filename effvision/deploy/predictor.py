@@ -174,8 +174,9 @@ def load(
     path = str(artifact)
     kind = _kind(path)
     runtime = _check_backend(kind, backend)
-    looks_like_file = kind != "torch" or path.endswith((".pt", ".pth", ".safetensors")) or os.sep in path
-    if looks_like_file and not Path(path).is_file():
+    from ..models import is_checkpoint_path
+
+    if (kind != "torch" or is_checkpoint_path(path)) and not Path(path).is_file():
         raise EffvisionError(f"artifact not found: {path}")
     if kind == "onnx":
         from .runtime import onnx_input_shape, ort_session, run_session
@@ -212,22 +213,20 @@ def _num_outputs(run: Callable, shape: list[int]) -> int:
 
 def _torch_model(spec: str):
     """A checkpoint (its metadata, or what its spec says it was trained on) or a zoo card."""
-    from ..models import card_model, load_checkpoint
-    from ..models.checkpoint import read_checkpoint
+    from ..models import is_checkpoint_path, load_model
     from ..models.zoo import get_card
 
-    if spec.endswith((".pt", ".pth", ".safetensors")) or os.sep in spec:
-        model = load_checkpoint(spec)
-        meta = read_checkpoint(spec).get("metadata") if not spec.endswith(".safetensors") else None
-        return model, meta or _spec_meta(model.effvision_spec, spec)
-    model = card_model(spec)
-    return model, md.for_card(get_card(spec))
+    model = load_model(spec)
+    if not is_checkpoint_path(spec):
+        return model, md.for_card(get_card(spec))
+    return model, getattr(model, "effvision_metadata", None) or _spec_meta(model.effvision_spec, spec)
 
 
 def _spec_meta(spec: dict, path: str) -> dict:
     """A checkpoint written before exports carried metadata: its data's card says the rest."""
-    from ..data.cards import get_card as dataset_card
+    from ..data import resolved_card
     from ..models.zoo import get_card
+    from ..recipe import DataConfig
 
     data = spec.get("data") or {}
     card = get_card(spec.get("name", ""))
@@ -235,12 +234,8 @@ def _spec_meta(spec: dict, path: str) -> dict:
         if card is not None:
             return md.for_card(card)
         raise EffvisionError(f"{path} says neither its dataset nor its preprocessing")
-    dcard = dataset_card(data["name"])
-    if data.get("image_size"):
-        dcard = dcard.model_copy(update={"image_size": data["image_size"]})
-    if card is not None and card.preprocessing is not None and dcard.modality == "image":
-        keep = {k: getattr(card.preprocessing, k) for k in ("mean", "std", "interpolation")}
-        dcard = dcard.model_copy(update=keep)
+    config = DataConfig(name=data["name"], image_size=data.get("image_size"))
+    dcard = resolved_card(config, card.preprocessing if card is not None else None)
     modality = spec.get("modality") or dcard.modality
     prep = md.preprocessing(dcard, modality, list(spec["input_size"]))
     names = md.class_names(dcard, card, spec["num_classes"])

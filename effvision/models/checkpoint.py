@@ -85,7 +85,9 @@ def read_checkpoint(path: str | Path) -> dict:
     """The payload of an effvision checkpoint (spec, layers, state_dict, metadata), read safely."""
     ckpt = _read(path)
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise EffvisionError(f"{path} is not an effvision checkpoint")
+        raise EffvisionError(
+            f"{path} is not an effvision checkpoint (use --pretrained / model.pretrained for plain weights)"
+        )
     return ckpt
 
 
@@ -112,16 +114,13 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None) -> nn.Modu
     from .caller import CALLER, remember
     from .factory import build
 
-    ckpt = _read(path)
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise EffvisionError(
-            f"{path} is not an effvision checkpoint (use --pretrained / model.pretrained for plain weights)"
-        )
+    ckpt = read_checkpoint(path)
     if model is not None and str(ckpt["spec"].get("arch", "")).startswith(CALLER):
         remember(ckpt["spec"], model)
     model = build(ckpt["spec"])
     _resize(model, ckpt["layers"], ckpt["state_dict"])
     _load_state(model, ckpt["state_dict"], path, strict=True)
+    model.effvision_metadata = ckpt.get("metadata")  # what the file says of itself (deploy/metadata.py)
     return model.eval()
 
 

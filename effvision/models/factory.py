@@ -110,6 +110,20 @@ def create_model(
     return model
 
 
+def is_checkpoint_path(spec: str) -> bool:
+    """A command line's model argument that names a file rather than a card or architecture."""
+    import os
+
+    return spec.endswith((".pt", ".pth", ".safetensors")) or os.sep in spec
+
+
+def load_model(spec: str, random_weights: bool = False) -> nn.Module:
+    """An effvision checkpoint file, or a name (card_model)."""
+    from .checkpoint import load_checkpoint
+
+    return load_checkpoint(spec) if is_checkpoint_path(spec) else card_model(spec, random_weights)
+
+
 def card_model(name: str, random_weights: bool = False) -> nn.Module:
     """A model named on the command line (export, bench, predict): a zoo card is the card's model
     with its weights (trained, packaged or from the hub); a name without weights is refused in
