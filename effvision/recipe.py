@@ -286,11 +286,28 @@ def read_yaml(path: Path) -> Any:
 def load_recipe(path: str | Path, overrides: list[str] | None = None, preset: str | None = None) -> Recipe:
     """Load a recipe file (or a name under compress/), apply a preset of its own, then --set
     overrides, and validate."""
+    file, raw = raw_recipe(path, overrides, preset)
+    return recipe_from_raw(raw, file)
+
+
+def raw_recipe(path: str | Path, overrides: list[str] | None = None, preset: str | None = None) -> tuple[Path, dict]:
+    """A recipe file (or a name under compress/) as the mapping it holds, with a preset of its own
+    and --set overrides applied, before validation."""
     file = find_file(path, "compress", "recipe")
     raw = read_yaml(file) or {}
     if preset:
         raw = apply_preset(raw if isinstance(raw, dict) else {}, preset, str(file))
-    raw = apply_overrides(raw, overrides or [])
+    return file, apply_overrides(raw, overrides or [])
+
+
+def with_value(raw: dict, key: str, value: Any, what: str) -> dict:
+    """A copy of a raw recipe with `key` (a.b.1.c, list items also by a stage's name) set to value."""
+    raw = copy.deepcopy(raw)
+    _assign(raw, key.split("."), value, what)
+    return raw
+
+
+def recipe_from_raw(raw: Any, file: str | Path) -> Recipe:
     recipe = validate_recipe(raw, str(file))
     recipe._source = str(file)
     return recipe

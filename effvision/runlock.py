@@ -21,6 +21,10 @@ from .errors import EffvisionError
 LOCK_NAME = ".lock"
 
 
+class RunFolderBusy(EffvisionError):
+    """Another process is writing the run folder."""
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
     """Hold run_dir's lock, or refuse at once (naming the holder) when another process has it."""
@@ -31,7 +35,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise EffvisionError(
+            raise RunFolderBusy(
                 f"run folder {run_dir} is in use by another effvision run ({holder}); "
                 "wait for it to finish, or give this run its own --run-dir"
             ) from None

@@ -13,7 +13,7 @@ import typer
 
 from ..errors import EffvisionError
 from ..interrupts import Interrupted, interruptible
-from . import data, deploy, pipeline, study, zoo
+from . import data, deploy, pipeline, search, study, zoo
 from .common import ARGV
 
 app = typer.Typer(
@@ -25,6 +25,7 @@ app = typer.Typer(
 app.add_typer(zoo.app, name="zoo")
 app.add_typer(data.app, name="data")
 app.add_typer(study.app, name="study")
+app.add_typer(search.app, name="search")
 for command in pipeline.COMMANDS + deploy.COMMANDS:
     app.command()(command)
 

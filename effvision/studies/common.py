@@ -90,6 +90,13 @@ def plot_curves(
     ax.grid(True, alpha=0.3)
     if joined or reference:
         ax.legend(fontsize=8)
+    return save_png(fig, path)
+
+
+def save_png(fig, path: Path) -> Path:
+    """A matplotlib figure written atomically as PNG, then closed."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
