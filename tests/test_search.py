@@ -158,9 +158,38 @@ def test_trials_from_two_cpus_are_said_apart(tmp_path):
     assert sorted(p.name for p in (tmp_path / "front").iterdir()) == ["trial-0.yaml", "trial-2.yaml"]
 
 
+def test_a_trial_failed_by_another_worker_is_run_again(recipe, tmp_path, capsys, monkeypatch):
+    """Another worker may fail a running trial whose heartbeat came late and queue its values:
+    the worker that ran it records nothing of it and goes on (here the other worker is simulated
+    at the moment the run ends)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from effvision.studies import search
+
+    folder, fired = tmp_path / "study", []
+    url = f"sqlite:///{folder / 'study.db'}"
+    real = search.measured
+
+    def measured_after_a_late_heartbeat(report, r):
+        if not fired:
+            study = optuna.load_study(study_name="tiny-search", storage=url)
+            (t,) = study.get_trials(states=(TrialState.RUNNING,))
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            study.enqueue_trial(t.params)
+            fired.append(t.number)
+        return real(report, r)
+
+    monkeypatch.setattr(search, "measured", measured_after_a_late_heartbeat)
+    code, out, err = cli(capsys, "search", recipe, *SPACE, "--trials", 1, "--out", folder)
+    assert code == 0, err
+    trials = study_of(url).get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"] and trials[1].params == trials[0].params
+
+
 def _worker(recipe: Path, folder: Path, url: str | None, trials: int, log: Path) -> subprocess.Popen:
     args = [sys.executable, "-m", "effvision.cli", "search", str(recipe), *SPACE, "--trials", str(trials)]
-    args += ["--out", str(folder), "--heartbeat", "1"] + (["--storage", url] if url else [])
+    args += ["--out", str(folder), "--heartbeat", "2"] + (["--storage", url] if url else [])
     env = {**os.environ, "EFFVISION_QUIET": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

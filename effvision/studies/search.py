@@ -164,7 +164,17 @@ def open_study(s: SearchSettings, storage):
         )
     elif study.directions != [getattr(optuna.study.StudyDirection, d.upper()) for d in directions]:
         raise EffvisionError(f"study {s.study_name}: its objectives' directions differ from this command's")
+    name_metrics(study)
     return study
+
+
+def name_metrics(study) -> None:
+    """Optuna's metric names are the objectives' (the dashboard shows them instead of 0, 1, ...)."""
+    objectives = study.user_attrs.get(SETTINGS_ATTR, {}).get("objectives")
+    if objectives and study.metric_names != objectives:
+        with warnings.catch_warnings():  # set_metric_names is marked experimental
+            warnings.simplefilter("ignore")
+            study.set_metric_names(objectives)
 
 
 def describe(settings: dict) -> str:
@@ -187,7 +197,9 @@ def load_study(name: Optional[str], url: str):
         name = names[0]
     if name not in names:
         raise EffvisionError(f"{shown_url(url)} has no study '{name}' (studies there: {', '.join(names) or 'none'})")
-    return optuna.load_study(study_name=name, storage=storage)
+    study = optuna.load_study(study_name=name, storage=storage)
+    name_metrics(study)
+    return study
 
 
 def trial_folder(values: dict) -> str:
@@ -350,12 +362,16 @@ def run_worker(s: SearchSettings) -> dict:
         except (Interrupted, KeyboardInterrupt) as stop:
             stopped.append(stop)
             raise TrialStopped() from None
+        if _trial(study, trial.number).state != TrialState.RUNNING:
+            current["taken_over"] = True  # another worker failed it meanwhile (its heartbeat came late)
+            raise TrialFailed("taken over")
         for key, value in got.items():
             trial.set_user_attr(key, value)
         missing = [o for o in s.objectives if got.get(o) is None]
         if missing:
             trial.set_user_attr("error", f"the run measured no {', '.join(missing)}")
             raise TrialFailed(f"{run_dir}: the run measured no {', '.join(missing)} (does the recipe bench its file?)")
+        current["returned"] = True
         return [float(got[o]) for o in s.objectives]
 
     waiting_said = False
@@ -365,7 +381,8 @@ def run_worker(s: SearchSettings) -> dict:
             optuna.storages.fail_stale_trials(study)
         trials = study.get_trials(deepcopy=False)
         complete = sum(t.state == TrialState.COMPLETE for t in trials)
-        active = sum(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials)
+        # queued trials (values to run again) are this worker's to take: only running ones wait
+        active = sum(t.state == TrialState.RUNNING for t in trials)
         if complete >= s.trials:
             break
         if s.timeout_s is not None and time.monotonic() - started > s.timeout_s:
@@ -385,6 +402,17 @@ def run_worker(s: SearchSettings) -> dict:
         except TrialStopped:
             _retry_later(study, _trial(study, current.get("number")))
             raise stopped[0] from None
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            # another worker failed this trial while it ran (its heartbeat came late) and queued its
+            # values again; Optuna then refuses to record it. What this worker measured is not
+            # recorded; the queued copy will be. Any other error is a bug: raised.
+            if not (current.get("taken_over") or current.get("returned")):
+                raise
+            log(
+                f"[yellow]trial {current.get('number')} was failed by another worker (late heartbeat); "
+                "its values run again[/]"
+            )
+            continue
         trial = _trial(study, current.get("number"))
         if trial is None or trial.user_attrs.get("surplus"):
             continue
@@ -392,7 +420,8 @@ def run_worker(s: SearchSettings) -> dict:
             tally.ran += 1
             tally.failed_in_a_row = 0
             got = ", ".join(f"{o} {_short(v)}" for o, v in zip(s.objectives, trial.values, strict=True))
-            log(f"trial {trial.number} finished: {got} ({complete + 1}/{s.trials} in the study)")
+            now = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            log(f"trial {trial.number} finished: {got} ({now}/{s.trials} finished in the study)")
         else:
             tally.failed += 1
             tally.failed_in_a_row += 1
