@@ -198,6 +198,8 @@ def load_study(name: Optional[str], url: str):
     if name not in names:
         raise EffvisionError(f"{shown_url(url)} has no study '{name}' (studies there: {', '.join(names) or 'none'})")
     study = optuna.load_study(study_name=name, storage=storage)
+    if SETTINGS_ATTR not in study.user_attrs:
+        raise EffvisionError(f"study {name} in {shown_url(url)} was not made by effvision search (it has no settings)")
     name_metrics(study)
     return study
 
