@@ -110,6 +110,19 @@ def test_trials_count_across_reruns_and_results_are_written(searched, capsys):
     assert code == 0 and "live view: optuna-dashboard sqlite:///" in out, err
 
 
+def test_show_retime_times_every_file_side_by_side(searched, capsys):
+    folder = searched["folder"]
+    code, out, err = cli(capsys, "search", "show", "--study", "tiny-search", "--out", folder, "--retime")
+    assert code == 0, err
+    md = (folder / "search.md").read_text()
+    assert "Side by side: 3 trials' files and their reference timed interleaved in one process" in md
+    head = next(line for line in md.splitlines() if line.startswith("| trial"))
+    assert "p50 ms side by side" in head and "speed-up side by side" in head
+    rows = [line.split("|") for line in md.splitlines() if line.startswith("| ") and not line.startswith("| trial")]
+    col = head.split("|").index(" speed-up side by side ")
+    assert len(rows) == 3 and all(float(r[col].strip().rstrip("x")) > 0 for r in rows)
+
+
 def test_best_yaml_runs_as_a_recipe(tmp_path):
     """The picked recipe is the study's recipe with the trial's values (a fake study's rows)."""
     from effvision.stages import load_recipe

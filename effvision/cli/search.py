@@ -116,6 +116,12 @@ def search_show(
     study: Optional[str] = typer.Option(None, help="The study's name (default: the only one in the storage)."),
     storage: Optional[str] = typer.Option(None, help=STORAGE_HELP.replace("Default", "Default with --study")),
     pick: Optional[str] = typer.Option(None, help=PICK_HELP + " Default max_drop=0.01."),
+    retime: bool = typer.Option(
+        False,
+        "--retime",
+        help="Time every finished trial's file of this machine and its reference side by side, interleaved, in one "
+        "process (workers sharing a machine time each other's load); best.yaml then uses these p50s.",
+    ),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where the results go (default runs/search-<study>)."),
 ):
     """The study's finished trials and Pareto front (search.md, pareto.png, front/, best.yaml),
@@ -134,14 +140,14 @@ def search_show(
     else:
         url = storage
     found = load_study(study, url)
-    _show(found, _study_dir(out_dir, found.study_name), rule, storage)
+    _show(found, _study_dir(out_dir, found.study_name), rule, storage, retime)
 
 
-def _show(study, folder: Path, rule, storage: Optional[str]) -> None:
+def _show(study, folder: Path, rule, storage: Optional[str], retime: bool = False) -> None:
     from ..studies.search import shown_url
     from ..studies.search_results import write_results
 
-    result = write_results(study, folder, rule)
+    result = write_results(study, folder, rule, retime)
     out.print(result["markdown"], markup=False)
     out.print(
         f"wrote {', '.join(str(p) for p in result['written'][:3])}" + (" ..." if len(result["written"]) > 3 else "")

@@ -64,6 +64,12 @@ def _any_complete(study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
+def latency(row: dict) -> Optional[float]:
+    """The trial's p50: timed side by side with every other trial (--retime) when it was, else as
+    the trial measured it beside its reference."""
+    return row.get("p50_side_by_side", row.get("latency_ms"))
+
+
 def drop(row: dict) -> Optional[float]:
     if row.get("reference_top1") is None:
         return None
@@ -74,12 +80,12 @@ def pick(rows: list[dict], rule: tuple[str, float]) -> tuple[Optional[dict], str
     """The trial a rule picks among the finished ones, and one line saying why."""
     key, limit = rule
     if key == "max_drop":
-        ok = [r for r in rows if drop(r) is not None and drop(r) <= limit + 1e-12 and r.get("latency_ms") is not None]
+        ok = [r for r in rows if drop(r) is not None and drop(r) <= limit + 1e-12 and latency(r) is not None]
         if not ok:
             return None, f"no finished trial loses at most {limit:g} of top-1 against its reference"
-        best = min(ok, key=lambda r: r["latency_ms"])
+        best = min(ok, key=latency)
         return best, f"the fastest trial within a drop of {limit:g} ({len(ok)} qualify)"
-    ok = [r for r in rows if r.get("latency_ms") is not None and r["latency_ms"] <= limit]
+    ok = [r for r in rows if latency(r) is not None and latency(r) <= limit]
     if not ok:
         return None, f"no finished trial measured at most {limit:g} ms"
     best = max(ok, key=lambda r: r["top1"])
@@ -94,9 +100,14 @@ def _values(params: dict) -> str:
     return ", ".join(f"{k}={_fmt(v, '.4g')}" for k, v in params.items())
 
 
-def to_markdown(study, rows: list[dict], chosen: Optional[dict], why: str) -> str:
+def to_markdown(study, rows: list[dict], chosen: Optional[dict], why: str, retimed: Optional[dict] = None) -> str:
     settings = study.user_attrs.get(SETTINGS_ATTR, {})
     head = ["trial", "front", "values", "top-1", "drop", "p50 ms", "speed-up", "size MB", "CPU"]
+    if retimed:
+        head[7:7] = ["p50 ms side by side", "speed-up side by side"]
+
+    def times(r, p50: str, speedup: str) -> list[str]:
+        return [_fmt(r.get(p50)), _fmt(r.get(speedup), ".2f") + ("x" if r.get(speedup) is not None else "")]
 
     def line(r):
         return [
@@ -105,8 +116,8 @@ def to_markdown(study, rows: list[dict], chosen: Optional[dict], why: str) -> st
             _values(r["params"]),
             _fmt(r.get("top1")),
             _fmt(drop(r), "+.4f"),
-            _fmt(r.get("latency_ms")),
-            _fmt(r.get("speedup"), ".2f") + ("x" if r.get("speedup") is not None else ""),
+            *times(r, "latency_ms", "speedup"),
+            *(times(r, "p50_side_by_side", "speedup_side_by_side") if retimed else []),
             _fmt(r.get("size"), ".3f"),
             r.get("cpu", "?"),
         ]
@@ -125,6 +136,14 @@ def to_markdown(study, rows: list[dict], chosen: Optional[dict], why: str) -> st
     ]
     if len(cpus) > 1:
         text += [f"Latencies come from {len(cpus)} CPUs ({'; '.join(cpus)}): compare them only within one CPU.", ""]
+    if retimed:
+        text += [
+            f"Side by side: {retimed['trials']} trials' files and their reference timed interleaved in one process "
+            f"({retimed['rounds']} rounds, {retimed['repeats']} calls each) on {retimed['cpu']}"
+            + (f"; {retimed['untimed']} trials ran elsewhere and are not re-timed" if retimed["untimed"] else "")
+            + ". The front is Optuna's, on the values each trial measured; best.yaml uses the side-by-side p50.",
+            "",
+        ]
     text += [markdown_table(head, [line(r) for r in front + rest]), ""]
     text += [f"best.yaml: trial {chosen['number']}, {why}." if chosen else f"best.yaml: none ({why}).", ""]
     return "\n".join(text)
@@ -140,7 +159,8 @@ def plot(path: Path, study, rows: list[dict]) -> Optional[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    timed = [r for r in rows if r.get("latency_ms") is not None]
+    timed = [r for r in rows if latency(r) is not None]
+    side = any("p50_side_by_side" in r for r in timed)
     if not timed:
         return None
     cpus = sorted({r.get("cpu", "?") for r in timed})
@@ -154,7 +174,7 @@ def plot(path: Path, study, rows: list[dict]) -> Optional[Path]:
             if not pts:
                 continue
             ax.scatter(
-                [r["latency_ms"] for r in pts],
+                [latency(r) for r in pts],
                 [r["top1"] for r in pts],
                 s=[30 + 400 * (r.get("size") or 0) / biggest for r in pts],
                 marker=markers[i % len(markers)],
@@ -164,10 +184,11 @@ def plot(path: Path, study, rows: list[dict]) -> Optional[Path]:
                 linewidths=0.5,
                 label=("Pareto front" if on_front else "other trials") + (f" ({cpu})" if len(cpus) > 1 else ""),
             )
-        refs = [r for r in mine if r.get("reference_p50_ms") is not None]
+        ref_key = "reference_p50_side_by_side" if side else "reference_p50_ms"
+        refs = [r for r in mine if r.get(ref_key) is not None]
         if refs:
             ax.scatter(
-                [statistics.median(r["reference_p50_ms"] for r in refs)],
+                [statistics.median(r[ref_key] for r in refs)],
                 [refs[0]["reference_top1"]],
                 marker="*",
                 s=160,
@@ -184,7 +205,8 @@ def plot(path: Path, study, rows: list[dict]) -> Optional[Path]:
     title = f"search {study.study_name}: top-1 against measured p50 (area: file size)"
     if len(cpus) > 1:
         title += f"\nlatencies from {len(cpus)} CPUs: compare within one marker shape only"
-    ax.set(xlabel="p50 latency, ms (bench backend, target batch)", ylabel="top-1 of the shipped file", title=title)
+    xlabel = "p50 latency, ms (bench backend, target batch" + (", all timed side by side)" if side else ")")
+    ax.set(xlabel=xlabel, ylabel="top-1 of the shipped file", title=title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return save_png(fig, path)
@@ -208,12 +230,18 @@ def trial_recipe(study, row: dict, name: str) -> str:
     return head + yamlio.dump(raw, sort_keys=False)
 
 
-def write_results(study, out_dir: Path, rule: tuple[str, float]) -> dict:
-    """search.md, pareto.png, front/trial-N.yaml and best.yaml in the study folder."""
+def write_results(study, out_dir: Path, rule: tuple[str, float], retime: bool = False) -> dict:
+    """search.md, pareto.png, front/trial-N.yaml and best.yaml in the study folder; with retime,
+    every trial's file of this machine timed again side by side (search_retime.py)."""
     rows = finished(study)
+    retimed = None
+    if retime:
+        from .search_retime import retime as time_side_by_side
+
+        retimed = time_side_by_side(rows)
     chosen, why = pick(rows, rule)
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = to_markdown(study, rows, chosen, why)
+    text = to_markdown(study, rows, chosen, why, retimed)
     written = [write_text(out_dir / "search.md", text)]
     png = plot(out_dir / "pareto.png", study, rows)
     if png:
