@@ -70,6 +70,26 @@ def latency(row: dict) -> Optional[float]:
     return row.get("p50_side_by_side", row.get("latency_ms"))
 
 
+def side_by_side_front(rows: list[dict], objectives: list[str]) -> set[int]:
+    """The trials no other trial beats on every objective, with the latency and speed-up of the
+    side-by-side timing in place of each trial's own."""
+    from .search_space import OBJECTIVES
+
+    value = {
+        "top1": lambda r: r["top1"],
+        "latency_ms": latency,
+        "speedup": lambda r: r.get("speedup_side_by_side", r.get("speedup")),
+        "size": lambda r: r.get("size"),
+    }
+    sign = {o: 1 if OBJECTIVES[o][0] == "maximize" else -1 for o in objectives}
+    points = {r["number"]: [sign[o] * value[o](r) for o in objectives] for r in rows}
+
+    def beaten(p, q) -> bool:  # q at least as good everywhere, better somewhere
+        return all(b >= a for a, b in zip(p, q, strict=True)) and any(b > a for a, b in zip(p, q, strict=True))
+
+    return {n for n, p in points.items() if not any(beaten(p, q) for m, q in points.items() if m != n)}
+
+
 def drop(row: dict) -> Optional[float]:
     if row.get("reference_top1") is None:
         return None
@@ -103,8 +123,11 @@ def _values(params: dict) -> str:
 def to_markdown(study, rows: list[dict], chosen: Optional[dict], why: str, retimed: Optional[dict] = None) -> str:
     settings = study.user_attrs.get(SETTINGS_ATTR, {})
     head = ["trial", "front", "values", "top-1", "drop", "p50 ms", "speed-up", "size MB", "CPU"]
+    both = bool(retimed) and any("front_in_trial" in r for r in rows)
     if retimed:
         head[7:7] = ["p50 ms side by side", "speed-up side by side"]
+    if both:
+        head[1:2] = ["front (side by side)", "front (in trial)"]
 
     def times(r, p50: str, speedup: str) -> list[str]:
         return [_fmt(r.get(p50)), _fmt(r.get(speedup), ".2f") + ("x" if r.get(speedup) is not None else "")]
@@ -113,6 +136,7 @@ def to_markdown(study, rows: list[dict], chosen: Optional[dict], why: str, retim
         return [
             str(r["number"]) + (" (picked)" if chosen is r else ""),
             "yes" if r["front"] else "",
+            *(["yes" if r["front_in_trial"] else ""] if both else []),
             _values(r["params"]),
             _fmt(r.get("top1")),
             _fmt(drop(r), "+.4f"),
@@ -122,7 +146,7 @@ def to_markdown(study, rows: list[dict], chosen: Optional[dict], why: str, retim
             r.get("cpu", "?"),
         ]
 
-    front = sorted((r for r in rows if r["front"]), key=lambda r: (r.get("latency_ms") or 0, -r["top1"]))
+    front = sorted((r for r in rows if r["front"]), key=lambda r: (latency(r) or 0, -r["top1"]))
     rest = sorted((r for r in rows if not r["front"]), key=lambda r: r["number"])
     cpus = sorted({r.get("cpu", "?") for r in rows})
     text = [
@@ -141,7 +165,12 @@ def to_markdown(study, rows: list[dict], chosen: Optional[dict], why: str, retim
             f"Side by side: {retimed['trials']} trials' files and their reference timed interleaved in one process "
             f"({retimed['rounds']} rounds, {retimed['repeats']} calls each) on {retimed['cpu']}"
             + (f"; {retimed['untimed']} trials ran elsewhere and are not re-timed" if retimed["untimed"] else "")
-            + ". The front is Optuna's, on the values each trial measured; best.yaml uses the side-by-side p50.",
+            + (
+                ". The front, the plot and best.yaml use these timings; `front (in trial)` is Optuna's, on the "
+                "values each trial measured while it ran."
+                if both
+                else ". The front is Optuna's, on the values each trial measured; best.yaml uses the side-by-side p50."
+            ),
             "",
         ]
     text += [markdown_table(head, [line(r) for r in front + rest]), ""]
@@ -195,13 +224,11 @@ def plot(path: Path, study, rows: list[dict]) -> Optional[Path]:
                 color="black",
                 label="reference (median of its timings)" if len(cpus) == 1 else f"reference ({cpu})",
             )
-    front = sorted((r for r in timed if r["front"]), key=lambda r: r["latency_ms"])
+    front = sorted((r for r in timed if r["front"]), key=latency)
     if len(front) > 1 and len(cpus) == 1:
-        ax.plot([r["latency_ms"] for r in front], [r["top1"] for r in front], color="#d62728", linewidth=1)
+        ax.plot([latency(r) for r in front], [r["top1"] for r in front], color="#d62728", linewidth=1)
     for r in front:
-        ax.annotate(
-            str(r["number"]), (r["latency_ms"], r["top1"]), fontsize=7, xytext=(4, 4), textcoords="offset points"
-        )
+        ax.annotate(str(r["number"]), (latency(r), r["top1"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
     title = f"search {study.study_name}: top-1 against measured p50 (area: file size)"
     if len(cpus) > 1:
         title += f"\nlatencies from {len(cpus)} CPUs: compare within one marker shape only"
@@ -239,6 +266,12 @@ def write_results(study, out_dir: Path, rule: tuple[str, float], retime: bool = 
         from .search_retime import retime as time_side_by_side
 
         retimed = time_side_by_side(rows)
+        objectives = study.user_attrs.get(SETTINGS_ATTR, {}).get("objectives", [])
+        if retimed["trials"] == len(rows) and rows:
+            # every trial was re-timed: the front (plot, front/*.yaml) is the side-by-side one
+            front = side_by_side_front(rows, objectives)
+            for r in rows:
+                r["front_in_trial"], r["front"] = r["front"], r["number"] in front
     chosen, why = pick(rows, rule)
     out_dir.mkdir(parents=True, exist_ok=True)
     text = to_markdown(study, rows, chosen, why, retimed)
