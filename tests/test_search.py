@@ -227,6 +227,45 @@ def test_two_workers_share_one_embedded_study(recipe, tmp_path):
     assert {t.user_attrs["pid"] for t in done} == {p.pid for p in procs}
 
 
+@pytest.mark.slow  # 30 s
+def test_sigterm_fails_the_trial_queues_its_values_and_a_rerun_resumes_them(recipe, tmp_path):
+    folder = tmp_path / "study"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'study.db'}"
+    worker = _worker(recipe, folder, None, 2, tmp_path / "w.log")
+    running = None
+    for _ in range(400):  # the first trial, once its prune stage has begun
+        time.sleep(0.3)
+        try:
+            trials = study_of(url).get_trials()
+        except Exception:  # noqa: BLE001  (the study is not created yet)
+            continue
+        running = next(
+            (
+                t
+                for t in trials
+                if t.state.name == "RUNNING" and Path(t.user_attrs.get("run_dir", "/-"), "stages/2-prune").is_dir()
+            ),
+            None,
+        )
+        if running:
+            break
+    assert running is not None, (tmp_path / "w.log").read_text()[-2000:]
+    os.kill(worker.pid, signal.SIGTERM)
+    assert worker.wait(timeout=60) == 143
+    assert "interrupted by SIGTERM" in (tmp_path / "w.log").read_text()
+    baseline = Path(running.user_attrs["run_dir"], "stages/1-baseline/metrics.json")
+    finished_before = baseline.stat().st_mtime_ns  # finished before the prune stage began
+    again = _worker(recipe, folder, None, 2, tmp_path / "w2.log")
+    assert again.wait(timeout=300) == 0, (tmp_path / "w2.log").read_text()[-2000:]
+    trials = study_of(url).get_trials()
+    assert trials[running.number].state.name == "FAIL"
+    retry = next(t for t in trials if t.user_attrs.get("retry_of") == running.number)
+    assert retry.state.name == "COMPLETE" and retry.params == running.params
+    assert retry.user_attrs["run_dir"] == running.user_attrs["run_dir"]
+    assert baseline.stat().st_mtime_ns == finished_before  # what the stopped attempt finished is resumed
+
+
 # ----------------------------------------------------------------------------- PostgreSQL
 def _pg_bin(name: str) -> str | None:
     import glob
