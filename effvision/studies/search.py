@@ -19,7 +19,7 @@ import shutil
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -65,7 +65,6 @@ class WorkerTally:
     ran: int = 0
     failed: int = 0
     failed_in_a_row: int = 0
-    lines: list[str] = field(default_factory=list)
 
 
 def default_storage(out_dir: Path) -> str:
