@@ -27,6 +27,30 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where the file is not there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split(":", 1)[-1].split())
+    except OSError:
+        return set()
+
+
+def cpu_label() -> str:
+    """The CPU named as a figure names it: model, cores and its widest vector extension (timings
+    of one CPU compare only with that CPU's; int8 speed depends on VNNI)."""
+    flags = cpu_flags()
+    isa = next(
+        (
+            name
+            for flag, name in (("avx512_vnni", "AVX-512 VNNI"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+            if flag in flags
+        ),
+        "",
+    )
+    return ", ".join(p for p in (cpu_name(), f"{os.cpu_count()} cores", isa) if p)
+
+
 def git_sha() -> str | None:
     try:
         out = subprocess.run(

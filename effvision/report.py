@@ -373,6 +373,16 @@ def _bars(title: str, items: list[tuple[str, float]], fmt: str) -> str:
     return "".join(parts) + "</svg>"
 
 
+def undominated(points: list[tuple]) -> list[bool]:
+    """Per point (a tuple of values, larger is better in each): whether no other point is at
+    least as good in every value and better in one: the Pareto front."""
+
+    def beats(q, p) -> bool:
+        return all(b >= a for a, b in zip(p, q, strict=True)) and any(b > a for a, b in zip(p, q, strict=True))
+
+    return [not any(beats(q, p) for j, q in enumerate(points) if j != i) for i, p in enumerate(points)]
+
+
 def pareto_points(report: dict) -> list[dict]:
     """Per stage: accuracy, latency p50 at the smallest batch and size on disk, and whether it is
     on the Pareto front (no other stage is at least as accurate and at least as fast/small)."""
@@ -393,18 +403,10 @@ def pareto_points(report: dict) -> list[dict]:
             0, {"name": "reference", "accuracy": ref["accuracy"], "latency": latency(ref), "size": ref["size_bytes"]}
         )
     for key in ("latency", "size"):
+        known = [p for p in pts if p[key] is not None]
+        front = dict(zip(map(id, known), undominated([(p["accuracy"], -p[key]) for p in known]), strict=True))
         for p in pts:
-            if p[key] is None:
-                p[f"front_{key}"] = False
-                continue
-            p[f"front_{key}"] = not any(
-                q is not p
-                and q[key] is not None
-                and q["accuracy"] >= p["accuracy"]
-                and q[key] <= p[key]
-                and (q["accuracy"] > p["accuracy"] or q[key] < p[key])
-                for q in pts
-            )
+            p[f"front_{key}"] = front.get(id(p), False)
     return pts
 
 

@@ -123,6 +123,17 @@ def test_show_retime_times_every_file_side_by_side(searched, capsys):
     assert len(rows) == 2 and all(float(r[col].strip().rstrip("x")) > 0 for r in rows)
 
 
+def test_the_side_by_side_front_uses_the_side_by_side_timings():
+    from effvision.studies.search_results import side_by_side_front
+
+    rows = [  # trial 1 looked fastest while it ran (a loaded reference), side by side it is not
+        {"number": 0, "top1": 0.80, "speedup": 3.0, "speedup_side_by_side": 3.1},
+        {"number": 1, "top1": 0.70, "speedup": 7.8, "speedup_side_by_side": 3.0},
+        {"number": 2, "top1": 0.60, "speedup": 3.5, "speedup_side_by_side": 3.6},
+    ]
+    assert side_by_side_front(rows, ["top1", "speedup"]) == {0, 2}
+
+
 def test_best_yaml_runs_as_a_recipe(tmp_path):
     """The picked recipe is the study's recipe with the trial's values (a fake study's rows)."""
     from effvision.stages import load_recipe

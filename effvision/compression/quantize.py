@@ -38,11 +38,9 @@ class _Reader:
 
 def cpu_has_vnni() -> bool:
     """x86 CPUs with VNNI (or AMX) multiply u8 x s8 without intermediate saturation."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+    from ..env import cpu_flags
+
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def resolve_reduce_range(value: bool | str) -> bool:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..env import cpu_name
-from ..errors import EffvisionError
+from ..env import cpu_label
+from ..errors import EffvisionError, one_line
 from ..fileio import WriteFailed
 from ..interrupts import Interrupted
 from ..progress import log
@@ -32,7 +32,7 @@ from ..recipe import recipe_from_raw, with_value
 from .search_space import OBJECTIVES, Dimension
 
 SETTINGS_ATTR = "effvision"  # the study's user attribute holding what it searches
-SAMPLERS = ("tpe", "nsga2", "random")
+SAMPLERS = ("tpe", "nsga2", "random")  # make_sampler builds each
 MAX_FAILURES_IN_A_ROW = 3  # trials of this worker that failed one after another before it gives up
 
 
@@ -107,7 +107,7 @@ def open_storage(url: str, heartbeat_s: int | None):
                     }
                 return RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
         except Exception as exc:  # noqa: BLE001  (SQLAlchemy's and the drivers' errors, a bad URL's ValueError)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = one_line(exc)
             # workers that start together race to create Optuna's tables: the loser tries again
             if attempt < 4 and any(w in first for w in ("already exists", "UniqueViolation", "duplicate key")):
                 time.sleep(1 + attempt)
@@ -128,9 +128,7 @@ def make_sampler(name: str, seed: Optional[int], trials: int):
             return optuna.samplers.TPESampler(seed=seed, n_startup_trials=start, constant_liar=True)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, trials // 3)))
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise EffvisionError(f"--sampler {name}: choose one of {', '.join(SAMPLERS)}")
+    return optuna.samplers.RandomSampler(seed=seed)  # "random": the CLI refused any other name
 
 
 def open_study(s: SearchSettings, storage):
@@ -150,8 +148,7 @@ def open_study(s: SearchSettings, storage):
         seed = None if s.seed is None else s.seed + len(study.get_trials(deepcopy=False))
         study.sampler = make_sampler(s.sampler, seed, s.trials)
     except Exception as exc:  # noqa: BLE001  (the database refused a write: say it in one line)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise EffvisionError(f"study {s.study_name}: the database refused it ({first})") from None
+        raise EffvisionError(f"study {s.study_name}: the database refused it ({one_line(exc)})") from None
     wanted = s.stored()
     have = study.user_attrs.get(SETTINGS_ATTR)
     if have is None:
@@ -161,8 +158,6 @@ def open_study(s: SearchSettings, storage):
             f"study {s.study_name} in {shown_url(s.storage_url)} searches {describe(have)}; this command asks for "
             f"{describe(wanted)}: give --study a new name for a new study"
         )
-    elif study.directions != [getattr(optuna.study.StudyDirection, d.upper()) for d in directions]:
-        raise EffvisionError(f"study {s.study_name}: its objectives' directions differ from this command's")
     name_metrics(study)
     return study
 
@@ -233,26 +228,6 @@ def share_finished_stages(trials_dir: Path, run_dir: Path) -> None:
     ignore = shutil.ignore_patterns(".*.tmp", "resume")
     shutil.copytree(source, tmp / "stages", copy_function=link, ignore=ignore)
     tmp.rename(run_dir)
-
-
-def cpu_label() -> str:
-    """The CPU as a trial records it: timings of one CPU compare only with that CPU's."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        pass
-    isa = (
-        "AVX-512 VNNI"
-        if "avx512_vnni" in flags
-        else "AVX-512"
-        if "avx512f" in flags
-        else "AVX2"
-        if "avx2" in flags
-        else ""
-    )
-    return ", ".join(p for p in (cpu_name(), f"{os.cpu_count()} cores", isa) if p)
 
 
 def measured(report: dict, recipe) -> dict:

@@ -43,25 +43,18 @@ def finished(study) -> list[dict]:
 
     settings = study.user_attrs.get(SETTINGS_ATTR, {})
     objectives = settings.get("objectives", [])
-    front = {t.number for t in study.best_trials} if _any_complete(study) else set()
-    rows = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        rows.append(
-            {
-                "number": t.number,
-                "params": dict(t.params),
-                **dict(zip(objectives, t.values, strict=True)),
-                **{k: v for k, v in t.user_attrs.items() if k not in objectives},
-                "front": t.number in front,
-            }
-        )
-    return rows
-
-
-def _any_complete(study) -> bool:
-    from optuna.trial import TrialState
-
-    return bool(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    front = {t.number for t in study.best_trials} if done else set()
+    return [
+        {
+            "number": t.number,
+            "params": dict(t.params),
+            **dict(zip(objectives, t.values, strict=True)),
+            **{k: v for k, v in t.user_attrs.items() if k not in objectives},
+            "front": t.number in front,
+        }
+        for t in done
+    ]
 
 
 def latency(row: dict) -> Optional[float]:
@@ -73,6 +66,7 @@ def latency(row: dict) -> Optional[float]:
 def side_by_side_front(rows: list[dict], objectives: list[str]) -> set[int]:
     """The trials no other trial beats on every objective, with the latency and speed-up of the
     side-by-side timing in place of each trial's own."""
+    from ..report import undominated
     from .search_space import OBJECTIVES
 
     value = {
@@ -82,12 +76,8 @@ def side_by_side_front(rows: list[dict], objectives: list[str]) -> set[int]:
         "size": lambda r: r.get("size"),
     }
     sign = {o: 1 if OBJECTIVES[o][0] == "maximize" else -1 for o in objectives}
-    points = {r["number"]: [sign[o] * value[o](r) for o in objectives] for r in rows}
-
-    def beaten(p, q) -> bool:  # q at least as good everywhere, better somewhere
-        return all(b >= a for a, b in zip(p, q, strict=True)) and any(b > a for a, b in zip(p, q, strict=True))
-
-    return {n for n, p in points.items() if not any(beaten(p, q) for m, q in points.items() if m != n)}
+    front = undominated([tuple(sign[o] * value[o](r) for o in objectives) for r in rows])
+    return {r["number"] for r, on in zip(rows, front, strict=True) if on}
 
 
 def drop(row: dict) -> Optional[float]:

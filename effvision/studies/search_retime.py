@@ -1,7 +1,7 @@
 """`search show --retime`: the shipped file of every finished trial and its reference timed side by
 side, interleaved, in one process on this machine. Each trial timed its file beside the reference
 when it ran, but workers that share a machine time each other's load (a reference that measured
-1.6-2.2 ms in most trials of a two-worker study read 6.8 ms once); one interleaved timing of all
+1.6-3.2 ms in eleven trials of a two-worker study read 6.8 ms in one); one interleaved timing of all
 of them compares the files, not the moments they ran at."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import hashlib
 import socket
 from pathlib import Path
 
+from ..env import cpu_label
 from ..fileio import read_json
 from ..progress import log
-from .search import cpu_label
 
 
 def _files(row: dict) -> tuple[Path, Path] | None:
@@ -45,8 +45,9 @@ def retime(rows: list[dict], warmup: int = 10, repeats: int = 60, rounds: int = 
         key = (r["backend"], r["batch"], hashlib.sha256(reference.read_bytes()).hexdigest())
         groups.setdefault(key, []).append((r, shipped))
         references.setdefault(key, reference)
-    for (backend, batch, _), members in groups.items():
-        files = {"reference": (references[(backend, batch, _)], "fp32")}
+    for key, members in groups.items():
+        backend, batch, _sha = key
+        files = {"reference": (references[key], "fp32")}
         files.update({f"trial {r['number']}": (f, onnx_precision(f)) for r, f in members})
         log(f"timing {len(files)} files side by side on {backend} at batch {batch}")
         shape = onnx_input_shape(files["reference"][0])
