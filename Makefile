@@ -9,13 +9,15 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo lint format test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu bench-int8 bench-qat bench-latency bench-pareto gpu-bench gpu-speedrun gpu-data gpu-wheels gpu-rehearse sysdeps clean help
+.PHONY: install demo lint format docs readme-check test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu bench-int8 bench-qat bench-latency bench-pareto gpu-bench gpu-speedrun gpu-data gpu-wheels gpu-rehearse sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
 	@echo "make test   - install into $(VENV) (if needed), check formatting and lint, run the test suite"
 	@echo "make lint   - ruff: formatting check and lint (configured in pyproject.toml)"
 	@echo "make format - ruff: rewrite files to the house format and apply safe lint fixes"
+	@echo "make docs   - build the documentation site into site/ (strict: a warning fails it); make test runs it"
+	@echo "make readme-check - run every README.md command in order on a fresh clone of HEAD (about 40 min)"
 	@echo "make test-all - every test: the zoo-wide conformance sweep and the slow ones too"
 	@echo "make bench  - slow tests and the CIFAR-10 pipeline on ../shared/datasets"
 	@echo "make bench-video - video loader speed and memory, the video demo and its single-frame twin (BENCHMARKS.md)"
@@ -36,7 +38,7 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing effvision and its pinned dependencies into $(VENV) ..."
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,edge,pretrained,search]' 2>&1 | $(PIP_FILTER)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,edge,pretrained,search,docs]' 2>&1 | $(PIP_FILTER)
 	@$(BIN)/python -c "import effvision, torch, onnxruntime, torch_pruning, timm" 
 	@touch $(STAMP)
 
@@ -66,7 +68,19 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: install lint
+# The documentation site; its reference pages are generated from the code (docs/hooks/reference.py).
+# Strict: a broken link, a link to a renamed recipe key's anchor or any other warning fails it.
+docs: install
+	HF_HUB_OFFLINE=1 NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+# Every command README.md shows, run in order on a fresh clone of HEAD (tests/readme_commands.py).
+README_CHECK_DIR ?= /tmp/effvision-readme-check
+readme-check:
+	rm -rf $(README_CHECK_DIR) && git clone -q . $(README_CHECK_DIR)
+	@test ! -d ../shared || ln -sfn $(abspath ../shared) $(dir $(README_CHECK_DIR))shared
+	cd $(README_CHECK_DIR) && $(PYTHON) tests/readme_commands.py --run
+
+test: install lint docs
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow and not zoo" --durations=12
 
 # Everything: the conformance sweep over every card and architecture (marker zoo) and the slow
@@ -86,8 +100,8 @@ bench: install
 # 2,000 clip reads per backend (real and generated clips; exits 1 past 50 MB of growth, about
 # 17 min), the video demo and its single-frame twin (BENCHMARKS.md).
 bench-video: install
-	$(BIN)/python -m effvision.data.video_loader_bench ../shared/testdata/videos --frames 8 --size 112 --rounds 5 --json runs/video-loader.json
-	$(BIN)/python -m effvision.data.video_loader_bench ../shared/testdata/videos --frames 8 --size 112 --memory 2000 --backends decord,pyav,auto --dataset synthetic-motion --json runs/video-memory.json
+	$(BIN)/python -m effvision.studies.video_loader_bench ../shared/testdata/videos --frames 8 --size 112 --rounds 5 --json runs/video-loader.json
+	$(BIN)/python -m effvision.studies.video_loader_bench ../shared/testdata/videos --frames 8 --size 112 --memory 2000 --backends decord,pyav,auto --dataset synthetic-motion --json runs/video-memory.json
 	$(BIN)/effvision compress compress/video-default.yaml --run-dir runs/video-default
 	$(BIN)/effvision train compress/video-default.yaml --set data.num_frames=1 --run-dir runs/video-single-frame
 
@@ -95,7 +109,7 @@ bench-video: install
 # PointNet++ runs inside the network against open3d's, side by side, and the generated shapes'
 # cached training loader; then the point-cloud demo (BENCHMARKS.md).
 bench-points: install
-	$(BIN)/python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024 --rounds 3 --dataset synthetic-shapes --json runs/point-loader.json
+	$(BIN)/python -m effvision.studies.point_loader_bench ../shared/testdata/pointclouds --points 1024 --rounds 3 --dataset synthetic-shapes --json runs/point-loader.json
 	$(BIN)/effvision compress compress/points-default.yaml --run-dir runs/points-default
 
 # Data efficiency (BENCHMARKS.md): image training data per sample against batched, coreset

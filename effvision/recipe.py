@@ -31,12 +31,14 @@ class DataConfig(Strict):
     name: str = Field("digits", description="dataset card (data/<name>.yaml) or registered dataset")
     root: Optional[str] = Field(None, description="folder or .zip holding the data (cards may need it)")
     image_size: Optional[int] = Field(None, gt=0, description="override the card's input size")
-    batch_size: int = Field(64, gt=0)
-    eval_batch_size: int = Field(256, gt=0)
-    num_workers: int = Field(0, ge=0)
-    on_bad_sample: Literal["skip", "fail"] = "skip"
+    batch_size: int = Field(64, gt=0, description="training batch (stages may set their own)")
+    eval_batch_size: int = Field(256, gt=0, description="batch of evaluation and calibration passes")
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes (0: in the main process)")
+    on_bad_sample: Literal["skip", "fail"] = Field(
+        "skip", description="an unreadable file: skip it (counted in the report) or stop with its name"
+    )
     max_train_samples: Optional[int] = Field(None, gt=0, description="stratified subset, for short runs")
-    max_val_samples: Optional[int] = Field(None, gt=0)
+    max_val_samples: Optional[int] = Field(None, gt=0, description="stratified subset of the validation split")
     num_frames: Optional[int] = Field(None, gt=0, description="video: override the card's frames per clip")
     sampler: Optional[str] = Field(None, description="video/points: override the card's frame or point sampler")
     num_points: Optional[int] = Field(None, gt=0, description="points: override the card's points per cloud")
@@ -49,7 +51,7 @@ class ModelConfig(Strict):
         description="a local .pth/.safetensors file, hf-hub:<repo_id> (from the Hugging Face cache) or zoo (the "
         "card's weights)",
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the model's builder")
 
 
 class StageConfig(Strict):
@@ -88,14 +90,16 @@ class TargetConfig(Strict):
 
 
 class Recipe(Strict):
-    name: str = "run"
-    description: str = ""
-    seed: int = 0
+    name: str = Field("run", description="the run's name; the CLI's default run folder is runs/<name>")
+    description: str = Field("", description="free text, kept with the recipe in the run folder")
+    seed: int = Field(0, description="seeds every random draw: data order, augmentation, initialisation, selection")
     device: str = Field("auto", description="auto, cpu or cuda")
-    data: DataConfig = Field(default_factory=DataConfig)
-    model: ModelConfig
+    data: DataConfig = Field(default_factory=DataConfig, description="the dataset (keys below)")
+    model: ModelConfig = Field(..., description="the network (keys below)")
     target: Optional[TargetConfig] = Field(None, description="what compression aims at; stages that can aim read it")
-    stages: list[Any] = Field(default_factory=list)  # each becomes its type's StageConfig in validate_recipe
+    stages: list[Any] = Field(
+        default_factory=list, description="the stages, in order (each item's type: one of the stage types below)"
+    )  # each becomes its type's StageConfig in validate_recipe
     presets: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named sets of key.path: value overrides (--preset NAME)"
     )

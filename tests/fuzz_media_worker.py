@@ -16,11 +16,11 @@ def read_like_training(path: Path) -> None:
     """The loader's path for the file's kind (a clip sampled and decoded; a cloud read,
     normalised and sampled; an image decoded)."""
     from effvision.data.cards import DatasetCard
-    from effvision.data.frame_samplers import get_sampler
-    from effvision.data.images import decode_image, is_image
-    from effvision.data.point_io import is_point_file
-    from effvision.data.points import prepare_cloud
-    from effvision.data.video_io import is_video
+    from effvision.data.images.folders import decode_image, is_image
+    from effvision.data.points.datasets import prepare_cloud
+    from effvision.data.points.io import is_point_file
+    from effvision.data.video.frame_samplers import get_sampler
+    from effvision.data.video.io import is_video
 
     if is_video(path.name):
         get_sampler("tsn", 4).clip(path, 32, train=False)
@@ -35,7 +35,7 @@ def read_like_training(path: Path) -> None:
 
 
 def main(files: list[str]) -> None:
-    from effvision.data.images import FileSource
+    from effvision.data.images.folders import FileSource
     from effvision.data.inspect import inspect_one
     from effvision.errors import EffvisionError
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from effvision.cli import main
-from effvision.data.images import FileSource, ImageFolderDataset
+from effvision.data.images.folders import FileSource, ImageFolderDataset
 from effvision.data.inspect import inspect_one
 from effvision.errors import EffvisionError
 
@@ -166,7 +166,7 @@ def test_every_reader_ends_each_file_in_its_outcome(name):
 
 
 def test_16bit_image_keeps_its_range():
-    from effvision.data.images import decode_image
+    from effvision.data.images.folders import decode_image
 
     img = decode_image((FILES / "images/gray_16bit.png").read_bytes())
     assert img.dtype == torch.uint8 and img.min() == 0 and img.max() == 255
@@ -217,8 +217,8 @@ def test_image_dataset_skips_and_counts_or_fails_naming_the_file(tmp_path):
 
 
 def test_video_dataset_skips_bad_files_in_dataloader_workers(tmp_path, capfd):
-    from effvision.data.frame_samplers import get_sampler
-    from effvision.data.videos import VideoDataset
+    from effvision.data.video.datasets import VideoDataset
+    from effvision.data.video.frame_samplers import get_sampler
 
     videos = sorted((FILES / "videos").iterdir())
     ds = VideoDataset([(p, 0) for p in videos], ["any"], get_sampler("tsn", 4), short_side=32, on_bad_sample="skip")
@@ -239,8 +239,8 @@ def test_video_dataset_skips_bad_files_in_dataloader_workers(tmp_path, capfd):
 
 def test_point_dataset_skips_and_counts_or_fails_naming_the_file(tmp_path):
     from effvision.data.cards import DatasetCard
-    from effvision.data.point_samplers import get_point_sampler
-    from effvision.data.points import PointCloudDataset
+    from effvision.data.points.datasets import PointCloudDataset
+    from effvision.data.points.samplers import get_point_sampler
 
     card = DatasetCard(
         name="bad",

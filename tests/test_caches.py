@@ -26,7 +26,7 @@ from effvision.recipe import DataConfig
 
 def _points(tmp_path: Path):
     """A point-folder dataset (its clouds and FPS orders cached); returns the training split."""
-    from effvision.data import points
+    from effvision.data.points import datasets as points
 
     root = tmp_path / "data"
     if not root.exists():
@@ -38,7 +38,7 @@ def _points(tmp_path: Path):
 
 
 def _images(tmp_path: Path):
-    from effvision.data.images import ImageFolderDataset
+    from effvision.data.images.folders import ImageFolderDataset
     from effvision.data.tensor_batches import mapped_images
 
     folder = tmp_path / "imgs"

@@ -6,7 +6,7 @@ import torch
 from conftest import SHARED, needs_shared, zip_folder
 
 from effvision.data import load_dataset
-from effvision.data.images import ImageFolderDataset
+from effvision.data.images.folders import ImageFolderDataset
 from effvision.data.inspect import inspect_path
 from effvision.errors import EffvisionError
 from effvision.recipe import DataConfig

@@ -14,7 +14,7 @@ from effvision.errors import EffvisionError
 
 
 def test_images_shrink_keep_their_layout_and_still_load(tmp_path):
-    from effvision.data.images import ImageFolderDataset
+    from effvision.data.images.folders import ImageFolderDataset
 
     src = write_image_folder(tmp_path / "src", per_class=4, size=40)
     (src / "cat" / "broken.png").write_bytes(b"\x89PNG not really")
@@ -34,8 +34,8 @@ def test_images_shrink_keep_their_layout_and_still_load(tmp_path):
 
 
 def test_video_stride_key_frames_and_size(tmp_path):
-    from effvision.data.synthetic_motion import render_clip, write_mp4
-    from effvision.data.video_io import open_video
+    from effvision.data.video.io import open_video
+    from effvision.data.video.synthetic_motion import render_clip, write_mp4
 
     (tmp_path / "src/a").mkdir(parents=True)
     write_mp4(
@@ -55,7 +55,7 @@ def test_video_stride_key_frames_and_size(tmp_path):
 
 
 def test_points_keep_n_or_one_per_voxel(tmp_path):
-    from effvision.data.point_io import read_points
+    from effvision.data.points.io import read_points
 
     pytest.importorskip("open3d", exc_type=ImportError, reason="open3d (or libusb-1.0) is not available")
     rng = np.random.default_rng(0)

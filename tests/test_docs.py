@@ -10,17 +10,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LINKED_DOCS = ["README.md", "CONTRIBUTING.md", "docs/design.md", "BENCHMARKS.md"]
+# docs/ is checked by the site's strict build (make docs), which resolves its generated pages and anchors too
+LINKED_DOCS = ["README.md", "CONTRIBUTING.md", "BENCHMARKS.md"]
 
 # Paths README.md names that a checkout does not hold, each with the reason. Keep it short: a
 # path that should exist does not belong here.
 NOT_IN_CHECKOUT = {
     "runs/": "run folders, written by the commands (git-ignored)",
-    ".data/": "where the examples put `effvision data prepare` output (git-ignored)",
-    "cache_dir/": "inside a dataset card's cache_dir, not the repository",
-    "../shared": "the developers' data beside the checkout; the tests that read it skip without it",
-    "../x": "an example zip member name that leaves its folder (zip-slip)",
-    "/x": "an example absolute zip member name (zip-slip)",
+    ".venv/": "the virtual environment make demo and make test create (git-ignored)",
+    "site/": "the documentation site make docs builds (git-ignored)",
 }
 
 FENCE = re.compile(r"^(```|~~~)")
@@ -128,7 +126,7 @@ def test_every_relative_link_resolves(name):
 
 def test_every_path_the_readme_names_exists():
     text = (ROOT / "README.md").read_text()
-    assert len(named_paths(text)) > 20
+    assert len(named_paths(text)) >= 3
     problems = missing_paths(text)
     assert not problems, "\n".join(problems)
 

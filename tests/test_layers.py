@@ -10,6 +10,12 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "effvision"
 
+DATA_SHARED = [
+    f"effvision.data.{name}"
+    for name in ("archive", "cards", "layouts", "generated", "selectors", "samplers", "timing", "tensor_batches")
+]
+DATA_MODALITIES = ["effvision.data.images", "effvision.data.video", "effvision.data.points"]
+
 # Lowest first. A module belongs to the layer of its longest listed prefix.
 LAYERS = [
     # base: no knowledge of models, data or recipes
@@ -28,8 +34,15 @@ LAYERS = [
     ],
     # typed configuration: recipes and the stage contract
     ["effvision.recipe", "effvision.stage"],
-    # what a stage works on
-    ["effvision.models", "effvision.data", "effvision.scoring"],
+    # what a stage works on: models, then data from the bottom up
+    ["effvision.models", "effvision.scoring"],
+    # data shared by every modality: archives, cards, layouts, generated data, selection, samplers' constructor,
+    # timing, batches of tensors
+    DATA_SHARED,
+    # one sub-package per modality (never importing each other: test_modalities_stay_apart)
+    DATA_MODALITIES,
+    # what joins the modalities: load_dataset (the package itself), the caller's data, compression, inspection
+    ["effvision.data"],
     # what a stage does
     ["effvision.train", "effvision.compression", "effvision.deploy"],
     # running stages: the registration of every stage type, the stage runner, its report
@@ -105,3 +118,32 @@ def test_an_upward_import_is_caught():
     source = (PACKAGE / "recipe.py").read_text() + "\n\ndef _late():\n    from . import pipeline\n"
     upward = [t for _, t in imports_in(source, "effvision") if layer_of(t) > layer_of("effvision.recipe")]
     assert upward == ["effvision.pipeline"]
+
+
+def modality_of(module: str) -> str | None:
+    return next((m for m in DATA_MODALITIES if module == m or module.startswith(m + ".")), None)
+
+
+@pytest.mark.parametrize("modality", DATA_MODALITIES)
+def test_modalities_stay_apart(modality):
+    # images, video and points share only what lies below them: none imports another
+    crossing = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+        for path in SOURCES
+        if modality_of(module_name(path)) == modality
+        for line, target in imports_of(path)
+        if modality_of(target) not in (None, modality)
+    ]
+    assert not crossing, "\n".join(crossing)
+
+
+def test_the_data_package_stays_small():
+    # the top of effvision/data/ holds the shared modules and what joins the modalities; the rest lives
+    # in a modality's sub-package
+    top = sorted(p.name for p in (PACKAGE / "data").glob("*.py"))
+    assert len(top) <= 12, top
+    assert {p.name for p in (PACKAGE / "data").iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "images",
+        "video",
+        "points",
+    }

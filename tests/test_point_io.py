@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("open3d", exc_type=ImportError, reason="open3d (or libusb-1.0) is not available")
 
-from effvision.data.point_io import PointCloudError, read_points  # noqa: E402
+from effvision.data.points.io import PointCloudError, read_points  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "pointclouds"
 SHARED_FILES = sorted(p for p in SHARED.rglob("*") if p.is_file()) if SHARED.is_dir() else []
@@ -85,7 +85,7 @@ def test_data_inspect_reports_points_and_meshes(tmp_path, capsys):
 
 
 def test_point_samplers_keep_n_points_and_report_bytes():
-    from effvision.data.point_samplers import farthest_point_indices, get_point_sampler, normalize_unit_sphere
+    from effvision.data.points.samplers import farthest_point_indices, get_point_sampler, normalize_unit_sphere
     from effvision.errors import EffvisionError
 
     rng = np.random.default_rng(0)

@@ -42,7 +42,7 @@ def _card(tmp_path, **over) -> DatasetCard:
 
 
 def test_fps_orders_points_coarse_to_fine():
-    from effvision.data.point_samplers import farthest_point_indices, get_point_sampler
+    from effvision.data.points.samplers import farthest_point_indices, get_point_sampler
 
     cloud = np.random.default_rng(0).normal(size=(2000, 3)).astype(np.float32)
     pts = get_point_sampler("fps", 256)(cloud).points
@@ -52,7 +52,7 @@ def test_fps_orders_points_coarse_to_fine():
 
 
 def test_modelnet_layout_is_cached_and_bad_files_counted(tmp_path, monkeypatch):
-    from effvision.data import points
+    from effvision.data.points import datasets as points
 
     root = tmp_path / "data"
     for c, scale in (("cone", 1.0), ("desk", 2.0)):
@@ -94,7 +94,7 @@ def test_modelnet_layout_is_cached_and_bad_files_counted(tmp_path, monkeypatch):
 
 def _shapes(tmp_path, **card):
     """A cached point dataset of 12 training tetrahedra (2 classes), points farthest-point sampled."""
-    from effvision.data import points
+    from effvision.data.points import datasets as points
 
     root = tmp_path / "data"
     for c, scale in (("cone", 1.0), ("desk", 2.0)):
@@ -105,7 +105,7 @@ def _shapes(tmp_path, **card):
 
 
 def test_cached_fps_orders_give_the_samples_a_fresh_search_gives(tmp_path):
-    from effvision.data.point_samplers import get_point_sampler
+    from effvision.data.points.samplers import get_point_sampler
 
     train, val = _shapes(tmp_path)
     fresh = get_point_sampler("fps", 32)
@@ -126,7 +126,7 @@ def test_cached_fps_orders_give_the_samples_a_fresh_search_gives(tmp_path):
 
 def test_point_batches_are_the_per_sample_draws_augmented_a_batch_at_a_time(tmp_path):
     from effvision.data.cards import PointAugment
-    from effvision.data.point_batches import PointBatches
+    from effvision.data.points.batches import PointBatches
 
     train, _ = _shapes(tmp_path)
     off = PointAugment(rotate=False, scale=(1.0, 1.0), jitter=0.0, dropout=0.0)
@@ -169,7 +169,7 @@ def test_voxel_sampling_keeps_the_per_sample_path(tmp_path):
 
 
 def test_class_folders_and_annotation_lists_with_lidar_bins(tmp_path):
-    from effvision.data import points
+    from effvision.data.points import datasets as points
 
     rng = np.random.default_rng(0)
     root = tmp_path / "data"
@@ -193,7 +193,7 @@ def test_class_folders_and_annotation_lists_with_lidar_bins(tmp_path):
 
 def test_augmentations_turn_about_the_up_axis_and_keep_the_count():
     from effvision.data.cards import PointAugment
-    from effvision.data.point_transforms import PointTrainTransform, point_eval_transform
+    from effvision.data.points.transforms import PointTrainTransform, point_eval_transform
 
     cloud = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
     turn = PointTrainTransform(PointAugment(rotate=True, scale=(1.0, 1.0), jitter=0.0, dropout=0.0), "z")(cloud)
@@ -246,7 +246,7 @@ def test_synthetic_shapes_through_the_pipeline(arch, tmp_path, monkeypatch):
     import yaml
 
     from effvision.data import load_dataset
-    from effvision.data.synthetic_shapes import CLASSES
+    from effvision.data.points.synthetic_shapes import CLASSES
     from effvision.pipeline import run_pipeline
     from effvision.recipe import load_recipe
 
@@ -320,7 +320,7 @@ SHARED_MODELNET = Path(__file__).resolve().parents[2] / "shared" / "testdata" / 
 @pytest.mark.skipif(not SHARED_MODELNET.is_dir(), reason="../shared/testdata/pointclouds is absent")
 def test_shared_modelnet_meshes_make_a_dataset(tmp_path):
     """Real ModelNet40 OFF files (several with the joined header) through an annotation list."""
-    from effvision.data import points
+    from effvision.data.points import datasets as points
 
     files = sorted(SHARED_MODELNET.rglob("*.off"))
     rel = [f"{p.relative_to(SHARED_MODELNET)} {p.parent.name}" for p in files]

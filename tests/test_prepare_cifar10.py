@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from effvision import load_dataset
-from effvision.data import prepare_cifar10 as prep
-from effvision.data.prepare_cifar10 import prepare_cifar10
+from effvision.data.images import prepare_cifar10 as prep
+from effvision.data.images.prepare_cifar10 import prepare_cifar10
 from effvision.errors import EffvisionError
 from effvision.recipe import DataConfig
 

@@ -61,7 +61,7 @@ def _imagenet_sample() -> tuple[torch.Tensor, list[int]]:
     from PIL import Image
     from timm.data import ImageNetInfo
 
-    from effvision.data.transforms import eval_transform
+    from effvision.data.images.transforms import eval_transform
 
     prep = get_card(LITE0).preprocessing
     tf = eval_transform(prep.size, prep.mean, prep.std, prep.resize, prep.interpolation)

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 import effvision.data  # noqa: F401  (registers every sampler)
 import effvision.stages  # noqa: F401  (registers every stage type)
 from effvision import yamlio
-from effvision.data import frame_samplers
-from effvision.data.frame_samplers import get_sampler, segment_indices
-from effvision.data.point_samplers import get_point_sampler
-from effvision.data.video_io import Video
+from effvision.data.points.samplers import get_point_sampler
+from effvision.data.video import frame_samplers
+from effvision.data.video.frame_samplers import get_sampler, segment_indices
+from effvision.data.video.io import Video
 from effvision.recipe import (
     DataConfig,
     Recipe,

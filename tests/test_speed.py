@@ -153,7 +153,7 @@ def test_images_too_large_for_memory_batch_from_a_decoded_cache_on_disk(tmp_path
 
     from effvision.data import DatasetBundle, Subset
     from effvision.data.cards import DatasetCard
-    from effvision.data.images import ImageFolderDataset
+    from effvision.data.images.folders import ImageFolderDataset
 
     train = ImageFolderDataset(write_image_folder(tmp_path / "imgs", per_class=9, size=20))
     card = DatasetCard(name="t", source="imagefolder", image_size=16, cache_dir=str(tmp_path / "cache"))

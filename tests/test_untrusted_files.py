@@ -14,7 +14,7 @@ from test_bad_inputs import ARCHIVES, FILES, assert_one_line_error
 
 from effvision.cli import main
 from effvision.data.archive import ArchiveError, extract_once, inside
-from effvision.data.images import FileSource, ImageFolderDataset
+from effvision.data.images.folders import FileSource, ImageFolderDataset
 from effvision.errors import EffvisionError
 from effvision.models import create_model, load_checkpoint
 from effvision.models.checkpoint import load_pretrained
@@ -111,8 +111,8 @@ def test_zip_bomb_member_is_refused_before_it_is_read(tmp_path):
 def test_video_archive_is_extracted_once_and_whole(tmp_path):
     """A video or point-cloud dataset given as a .zip is extracted into the cache once; a
     half-done extraction (killed) is not taken for a finished one."""
-    from effvision.data.builtin import data_root
     from effvision.data.cards import DatasetCard
+    from effvision.data.layouts import data_root
     from effvision.recipe import DataConfig
 
     archive = tmp_path / "clips.zip"

@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import INT8_ALWAYS, SHARED, needs_shared
 
-from effvision.data.frame_samplers import get_sampler, segment_indices
-from effvision.data.synthetic_motion import CLASSES, generate, render_clip, write_mp4
-from effvision.data.video_io import VideoError, open_video
+from effvision.data.video.frame_samplers import get_sampler, segment_indices
+from effvision.data.video.io import VideoError, open_video
+from effvision.data.video.synthetic_motion import CLASSES, generate, render_clip, write_mp4
 from effvision.errors import EffvisionError
 
 SAMPLER_NAMES = ("tsn", "dense", "keyframes", "motion")
@@ -64,8 +64,8 @@ def test_a_scanned_file_is_opened_once_per_clip_and_never_recounted(clip_file, r
     import av
     import decord
 
-    from effvision.data import video_io
-    from effvision.data.videos import VideoDataset
+    from effvision.data.video import io as video_io
+    from effvision.data.video.datasets import VideoDataset
 
     ds = VideoDataset([(clip_file, 0), (raw_stream, 1)], ["a", "b"], get_sampler("tsn", 4), 32)
     assert [(i.backend, i.frames, i.width, i.height) for i in ds.info] == [("decord", 16, 64, 64), ("pyav", 12, 64, 48)]
@@ -103,13 +103,13 @@ def _sequentially(video, indices):
     """The same frames, decoded one after another from the first (no group skipping)."""
     import dataclasses
 
-    from effvision.data.video_io import PyAVVideo
+    from effvision.data.video.io import PyAVVideo
 
     return PyAVVideo(video.path, video.size, dataclasses.replace(video.info, in_order=False)).frames(indices)
 
 
 def test_a_stream_without_an_index_skips_the_groups_of_pictures_it_needs_nothing_from(tmp_path):
-    from effvision.data.video_io import scan_video
+    from effvision.data.video.io import scan_video
 
     path = _write_m4v(tmp_path / "gop4.m4v", 12, gop=4)
     info = scan_video(path)
@@ -122,7 +122,7 @@ def test_a_stream_without_an_index_skips_the_groups_of_pictures_it_needs_nothing
 
 @needs_shared
 def test_shared_streams_read_by_groups_give_the_frames_sequential_decoding_gives():
-    from effvision.data.video_io import scan_video
+    from effvision.data.video.io import scan_video
 
     streams = 0
     for path in SHARED_VIDEOS:
@@ -163,7 +163,7 @@ def test_every_sampler_gives_a_clip_and_counts_decoded_frames(clip_file, name, b
 
 
 def test_keyframe_sampler_on_a_stream_that_marks_no_key_frame(clip_file, monkeypatch):
-    from effvision.data import video_io
+    from effvision.data.video import io as video_io
 
     monkeypatch.setattr(video_io.PyAVVideo, "key_indices", lambda self: [])
     clip = get_sampler("keyframes", 3).clip(clip_file, 32, train=True, backend="pyav")
@@ -185,7 +185,7 @@ def test_an_unreadable_video_is_one_error_and_stderr_keeps_working(tmp_path):
 
     (tmp_path / "notes.mp4").write_text("not a video")
     script = (
-        "import sys\nfrom effvision.data.video_io import DecordVideo, VideoError\n"
+        "import sys\nfrom effvision.data.video.io import DecordVideo, VideoError\n"
         f"try:\n    DecordVideo({str(tmp_path / 'notes.mp4')!r})\nexcept VideoError as exc:\n    print(exc)\n"
         "sys.stderr.write('still here\\n')\n"
     )
@@ -258,7 +258,7 @@ def test_video_folder_dataset_skips_and_counts_bad_files(tmp_path, monkeypatch):
 
 def test_annotation_lists_text_and_csv(tmp_path):
     from effvision.data.layouts import class_names, list_entries
-    from effvision.data.video_io import is_video
+    from effvision.data.video.io import is_video
 
     (tmp_path / "a b").mkdir()
     (tmp_path / "list.txt").write_text("# comment\nx/v1.mp4 jump\nx/v2.avi 2\na b/v3.mp4\n")
@@ -378,7 +378,7 @@ def test_views_average_clips_and_crops(tmp_path, monkeypatch):
 
     from effvision.data import load_dataset
     from effvision.data.cards import DatasetCard
-    from effvision.data.views import ViewsDataset, crop_offsets, views_accuracy
+    from effvision.data.video.views import ViewsDataset, crop_offsets, views_accuracy
 
     assert crop_offsets(40, 32, 3) == [0, 4, 8] and crop_offsets(40, 32, 1) == [4]
     card = DatasetCard(

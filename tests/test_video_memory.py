@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from conftest import SHARED, needs_shared
 
-from effvision.data.frame_samplers import FrameSampler, get_sampler
-from effvision.data.synthetic_motion import render_clip, write_mp4
-from effvision.data.video_io import PyAVVideo, decord_missing
-from effvision.data.video_loader_bench import libc_function, rss_over_reads
-from effvision.data.videos import VideoDataset
+from effvision.data.video.datasets import VideoDataset
+from effvision.data.video.frame_samplers import FrameSampler, get_sampler
+from effvision.data.video.io import PyAVVideo, decord_missing
+from effvision.data.video.synthetic_motion import render_clip, write_mp4
+from effvision.studies.video_loader_bench import libc_function, rss_over_reads
 
 READS, WARMUP, SIZE = 300, 50, 64
 # A clip here is 8 x 64 x 64 x 3 = 98 kB: keeping each one read (or its decoder's buffers, which
@@ -145,7 +145,7 @@ def test_pyav_reads_that_stop_early_free_native_memory(clips):
 def test_steady_growth_ignores_one_allocator_step_and_counts_a_leak(monkeypatch):
     """The CI run's series (two steps of 5 and 7 MiB, flat otherwise) is not a leak; the same
     windows growing 2.4 MiB each (a 98 kB clip kept per read) are."""
-    import effvision.data.video_loader_bench as bench
+    import effvision.studies.video_loader_bench as bench
 
     class Reads:
         report = type("R", (), {"bad": []})()

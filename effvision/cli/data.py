@@ -130,7 +130,7 @@ def data_prepare(
 ):
     """Write a public dataset in the layout its card reads: for cifar10, DIR/cifar10-jpeg-train.zip
     and DIR/cifar10-jpeg-test.zip (ImageFolder zips), from torchvision's archive."""
-    from ..data.prepare_cifar10 import prepare_cifar10
+    from ..data.images.prepare_cifar10 import prepare_cifar10
     from ..report import fmt_bytes
 
     if dataset not in PREPARABLE:

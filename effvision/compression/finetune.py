@@ -16,10 +16,10 @@ class FinetuneSettings(TrainSettings, DistillSettings):
 
     epochs: int = Field(8, ge=0, description="aiming at a target: the final distillation's epochs")
     # A one-epoch fine-tune under the loop's default one-cycle warm-up would end at its peak rate.
-    schedule: Literal["onecycle", "cosine", "constant", "step"] = "cosine"
-    warmup_epochs: float = Field(0.0, ge=0)
+    schedule: Literal["onecycle", "cosine", "constant", "step"] = Field("cosine", description="learning-rate schedule")
+    warmup_epochs: float = Field(0.0, ge=0, description="epochs of linear learning-rate warm-up")
     step_epochs: int = Field(1, ge=0, description="epochs of distillation after each pruning step")
-    lr: float = Field(0.02, gt=0)
+    lr: float = Field(0.02, gt=0, description="peak learning rate")
 
 
 def training_order(n: int):

@@ -32,10 +32,10 @@ class QatConfig(SpeedCheckSettings, TrainSettings, LogitDistillSettings, StageCo
         "input",
         description="input (the float model entering this stage), auto, a stage name, a checkpoint, or null",
     )
-    epochs: int = Field(3, ge=0)
-    lr: float = Field(0.005, gt=0)
-    schedule: Literal["onecycle", "cosine", "constant", "step"] = "cosine"
-    warmup_epochs: float = Field(0.0, ge=0)
+    epochs: int = Field(3, ge=0, description="epochs of training with simulated int8")
+    lr: float = Field(0.005, gt=0, description="peak learning rate")
+    schedule: Literal["onecycle", "cosine", "constant", "step"] = Field("cosine", description="learning-rate schedule")
+    warmup_epochs: float = Field(0.0, ge=0, description="epochs of linear learning-rate warm-up")
     reduce_range: Union[bool, Literal["auto"]] = Field(
         "auto", description="7-bit weights; auto: when the CPU lacks VNNI (16-bit sums would saturate)"
     )

@@ -28,22 +28,22 @@ class ProxyConfig(TrainSettings):
     model: Optional[str] = Field(
         None, description="a cheaper model to score with (zoo card or registered arch); default: the current model"
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the proxy's builder")
     width: float = Field(
         0.5,
         gt=0,
         le=1,
         description="the proxy's channels as a fraction of its model's (uniform pruning) when it trains; 1: as is",
     )
-    epochs: int = Field(2, ge=0)
+    epochs: int = Field(2, ge=0, description="epochs the proxy trains")
     runs: int = Field(1, ge=1, description="proxy runs (seeds) whose probabilities and EL2N scores are averaged")
     scores: Literal["training", "pass"] = Field(
         "training",
         description="training: probabilities and EL2N from each sample's logits at its last presentation in the "
         "proxy's training (no extra pass); pass: one evaluation pass over the split after training",
     )
-    optimizer: Optimizer = "adamw"
-    lr: float = Field(3e-3, gt=0)
+    optimizer: Optimizer = Field("adamw", description="the proxy's optimizer")
+    lr: float = Field(3e-3, gt=0, description="the proxy's peak learning rate")
 
 
 @dataclass

@@ -35,7 +35,9 @@ class SelectConfig(StageConfig):
     )
     budget: Budget = Field(0.5, description="a fraction in (0, 1] of the training split, or a count of samples")
     options: dict[str, Any] = Field(default_factory=dict, description="selector options, e.g. {keep: easy}")
-    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    proxy: ProxyConfig = Field(
+        default_factory=ProxyConfig, description="the model trained to score samples (scoring selectors only)"
+    )
 
     @field_validator("budget")
     @classmethod
@@ -85,8 +87,10 @@ def run_select(ctx, cfg: SelectConfig) -> StageResult:
 class PruneConfig(StageConfig):
     type: Literal["prune"] = "prune"
     ratio: float = Field(0.5, gt=0, lt=1, description="fraction of channels removed per prunable layer")
-    importance: Literal["l1", "l2", "bn_scale", "taylor"] = "l2"
-    global_pruning: bool = False
+    importance: Literal["l1", "l2", "bn_scale", "taylor"] = Field(
+        "l2", description="how channels are ranked: weight norms, batch-norm scales or first-order Taylor"
+    )
+    global_pruning: bool = Field(False, description="rank channels across layers rather than within each")
     layer_ratios: dict[str, float] = Field(
         default_factory=dict, description="per-layer ratio by module name or re:regex"
     )
@@ -107,7 +111,9 @@ class PruneConfig(StageConfig):
         description="aim at a latency target with per-layer widths: this block, or the recipe's (null or true); "
         "false: the uniform ratio even when the recipe has a target",
     )
-    aim: TargetPruneSettings = Field(default_factory=TargetPruneSettings)
+    aim: TargetPruneSettings = Field(
+        default_factory=TargetPruneSettings, description="aiming at a target: how widths are searched and timed"
+    )
     sparsity: SparsitySettings = Field(
         default_factory=SparsitySettings,
         description="group-norm-regularised distillation before pruning (either mode)",
@@ -176,8 +182,8 @@ class DistillConfig(TrainSettings, DistillSettings, StageConfig):
     teacher: Optional[str] = Field(
         "auto", description="auto (the model before the last prune), a stage name, a checkpoint, or null"
     )
-    epochs: int = Field(8, ge=0)
-    lr: float = Field(0.02, gt=0)
+    epochs: int = Field(8, ge=0, description="epochs of distillation")
+    lr: float = Field(0.02, gt=0, description="peak learning rate")
 
 
 @register_stage("distill", DistillConfig)
@@ -216,7 +222,7 @@ class SpeedCheckSettings(Strict):
         description="batches the speed decisions are measured at (default: the one the model ships at, the "
         "recipe's target.batch, else 1)",
     )
-    warmup: int = Field(5, ge=0)
+    warmup: int = Field(5, ge=0, description="untimed calls per file and batch before timing")
     repeats: int = Field(40, ge=4, description="timed calls per file and batch, interleaved in 8 rounds")
 
     @field_validator("batches")
@@ -232,8 +238,10 @@ class QuantizeConfig(SpeedCheckSettings, StageConfig):
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="{selector, n}: the samples that calibrate activations"
     )
-    method: Literal["minmax", "percentile", "entropy"] = "percentile"
-    per_channel: bool = True
+    method: Literal["minmax", "percentile", "entropy"] = Field(
+        "percentile", description="how activation ranges are calibrated"
+    )
+    per_channel: bool = Field(True, description="one weight scale per output channel (else per tensor)")
     exclude: list[str] = Field(default_factory=list, description="ONNX node names left in float")
     reduce_range: Union[bool, Literal["auto"]] = Field(
         "auto", description="7-bit weights; auto: when the CPU lacks VNNI"

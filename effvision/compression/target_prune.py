@@ -37,7 +37,7 @@ class TargetPruneSettings(Strict):
         description="steps aim this much faster than the target, so that the bench stage's own timing "
         "(another sample of a noisy clock) still finds it met; two timings of one file differed by 6% here",
     )
-    warmup: int = Field(5, ge=0)
+    warmup: int = Field(5, ge=0, description="untimed calls per model before each measurement")
     repeats: int = Field(40, ge=4, description="timed calls per model at each measurement, interleaved")
     cache_dir: str = Field("runs/cache/latency", description="where measured latency tables are kept")
     candidates: int = Field(

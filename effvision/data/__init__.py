@@ -12,14 +12,22 @@ from ..errors import EffvisionError
 from ..progress import track
 from ..recipe import DataConfig
 from ..registry import DATASETS
-from . import builtin, frame_samplers, point_samplers, points, selectors, videos  # noqa: F401  (register readers, samplers, selectors)
+
+# Importing a module registers what it defines: the readers (DATASETS), samplers (SAMPLERS), selectors.
+from . import selectors  # noqa: F401
 from .cards import DatasetCard, get_card
-from .images import cache_budget
-from .point_batches import PointBatches, point_batches_possible
-from .point_transforms import PointTrainTransform, point_eval_transform
+from .images import builtin as image_readers  # noqa: F401
+from .images.folders import cache_budget
+from .images.transforms import eval_transform, train_transform
+from .points import datasets as point_readers  # noqa: F401
+from .points import samplers as point_samplers  # noqa: F401
+from .points.batches import PointBatches, point_batches_possible
+from .points.transforms import PointTrainTransform, point_eval_transform
 from .tensor_batches import ShuffledBatches, TensorBatches, decoded_bytes, mapped_images, stack_images
 from .timing import NO_SPLIT
-from .transforms import eval_transform, train_transform, video_eval_transform, video_train_transform
+from .video import datasets as video_readers  # noqa: F401
+from .video import frame_samplers  # noqa: F401
+from .video.transforms import video_eval_transform, video_train_transform
 
 
 class Subset(torch.utils.data.Subset):

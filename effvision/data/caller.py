@@ -20,7 +20,7 @@ from ..models.caller import tensor_bytes
 from ..recipe import DataConfig
 from . import DatasetBundle
 from .cards import DatasetCard
-from .images import ScanReport
+from .layouts import ScanReport
 from .timing import NO_SPLIT
 
 CALLER_DATA = "caller"

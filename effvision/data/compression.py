@@ -24,9 +24,9 @@ import numpy as np
 
 from ..errors import EffvisionError
 from .archive import inside
-from .images import FileSource, decode_image, is_image
-from .point_io import is_point_file, read_points
-from .video_io import is_video, open_video, target_size
+from .images.folders import FileSource, decode_image, is_image
+from .points.io import is_point_file, read_points
+from .video.io import is_video, open_video, target_size
 
 IMAGE_FORMATS = {"jpeg": ".jpg", "webp": ".webp", "png": ".png"}
 
@@ -127,7 +127,7 @@ def compress_video(path: Path, lv: Levels) -> tuple[bytes, str]:
 
 
 def compress_points(path: Path, lv: Levels) -> tuple[bytes, str]:
-    from .point_samplers import FarthestPointSampler, VoxelPointSampler
+    from .points.samplers import FarthestPointSampler, VoxelPointSampler
 
     points = read_points(path)
     if lv.voxel_size:

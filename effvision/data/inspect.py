@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import EffvisionError
-from .images import IMAGE_EXTS, FileSource, decode_image, is_image
-from .point_io import POINT_EXTS, PointCloudError, is_point_file
-from .video_io import VIDEO_EXTS, VideoError, is_video, open_video
+from .images.folders import IMAGE_EXTS, FileSource, decode_image, is_image
+from .points.io import POINT_EXTS, PointCloudError, is_point_file
+from .video.io import VIDEO_EXTS, VideoError, is_video, open_video
 
 
 def _status(path: str, kind=None, shape=None, error=None, **more) -> dict:
@@ -41,7 +41,7 @@ def inspect_video(source: FileSource, name: str) -> dict:
 
 def inspect_points(source: FileSource, name: str, bin_width: int | None = None) -> dict:
     """Points (a mesh's vertices and faces) and channels of a point-cloud or mesh file."""
-    from .point_io import describe
+    from .points.io import describe
 
     where = source.where(name)
     if source.is_zip:

@@ -4,11 +4,11 @@ ModelNet's `<class>/<split>/<file>` tree and annotation lists (`path label` line
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..errors import EffvisionError
-from .builtin import data_root, split_path
 
 Accept = Callable[[str], bool]  # does a file name belong to the dataset (by extension)?
 
@@ -111,3 +111,36 @@ def list_splits(card, config, accept: Accept) -> tuple[list[str], list[tuple[Pat
         raise EffvisionError(f"dataset {card.name}: a {card.source} card names its train and val list files")
     train, val = list_entries(root / card.train, root, accept), list_entries(root / card.val, root, accept)
     return class_names([c for _, c in train]), train, val
+
+
+@dataclass
+class ScanReport:
+    total: int = 0
+    bad: list[tuple[str, str]] = field(default_factory=list)
+
+
+def data_root(card, config) -> Path:
+    """The folder a card's data lives in: data.root, else the card's root; it must exist."""
+    root_str = config.root or card.root
+    if not root_str:
+        raise EffvisionError(
+            f"dataset {card.name} needs a path: pass --set data.root=<folder holding {card.train or 'train/'}>"
+        )
+    root = Path(root_str).expanduser()
+    if not root.exists():
+        raise EffvisionError(f"data path not found: {root}")
+    if root.is_file() and root.suffix.lower() == ".zip" and card.modality != "image":
+        # decord, PyAV and open3d read files on disk: a video or point-cloud archive is
+        # extracted once (safely) into the cache; images are read from the .zip in place
+        from .archive import extract_once
+
+        return extract_once(root, card.cache_dir)
+    return root
+
+
+def split_path(root: Path, given: str | None, defaults: tuple[str, ...]) -> Path:
+    for name in [given] if given else list(defaults):
+        if (root / name).exists():
+            return root / name
+    tried = given or " or ".join(defaults)
+    raise EffvisionError(f"data path not found: {root / tried} (set data.root to the folder that holds it)")

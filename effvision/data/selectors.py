@@ -47,7 +47,7 @@ class CalibrationConfig(Strict):
         description="a selector that scores samples sees this many (class-balanced at random), "
         "which bounds its cost on large datasets",
     )
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict, description="the selector's own options (e.g. keep: easy)")
 
 
 @dataclass

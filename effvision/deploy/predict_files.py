@@ -19,9 +19,9 @@ from .predictor import Predictor
 
 def kind_of(name: str) -> str | None:
     """image, video or points by the file's extension; None for anything else."""
-    from ..data.images import is_image
-    from ..data.point_io import is_point_file
-    from ..data.video_io import is_video
+    from ..data.images.folders import is_image
+    from ..data.points.io import is_point_file
+    from ..data.video.io import is_video
 
     return "image" if is_image(name) else "video" if is_video(name) else "points" if is_point_file(name) else None
 
@@ -81,7 +81,7 @@ def _plural(modality: str) -> str:
 
 def _zip_items(path: Path, modality: str, label) -> list[Item]:
     from ..data.archive import open_zip
-    from ..data.images import FileSource
+    from ..data.images.folders import FileSource
 
     if not zipfile.is_zipfile(path):
         raise EffvisionError(f"{path} is not a readable .zip archive")

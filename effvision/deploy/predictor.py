@@ -31,18 +31,18 @@ class Preprocess:
         self.modality, self.p = meta["modality"], meta["preprocessing"]
         p = self.p
         if self.modality == "image":
-            from ..data.transforms import eval_transform
+            from ..data.images.transforms import eval_transform
 
             self.transform = eval_transform(p["size"], p["mean"], p["std"], p["resize"], p["interpolation"])
         elif self.modality == "video":
-            from ..data.frame_samplers import get_sampler
-            from ..data.transforms import video_eval_transform
+            from ..data.video.frame_samplers import get_sampler
+            from ..data.video.transforms import video_eval_transform
 
             self.sampler = get_sampler(p["sampler"], p["frames"], **p.get("sampler_options", {}))
             self.transform = video_eval_transform(p["size"], p["mean"], p["std"])
         else:
             from ..data.cards import DatasetCard
-            from ..data.point_samplers import get_point_sampler
+            from ..data.points.samplers import get_point_sampler
 
             self.card = DatasetCard(
                 name="predict",
@@ -62,9 +62,9 @@ class Preprocess:
             clip = self.sampler.clip(item, self.p["resize"], train=False)
             frames = torch.from_numpy(np.ascontiguousarray(clip.frames)).permute(0, 3, 1, 2)
             return self.transform(frames)
-        from ..data.point_samplers import normalize_unit_sphere
-        from ..data.point_transforms import point_eval_transform
-        from ..data.points import prepare_cloud
+        from ..data.points.datasets import prepare_cloud
+        from ..data.points.samplers import normalize_unit_sphere
+        from ..data.points.transforms import point_eval_transform
 
         if isinstance(item, (str, os.PathLike)):
             cloud, _ = prepare_cloud(Path(item), self.card)
@@ -77,7 +77,7 @@ class Preprocess:
     def _image(item: Any) -> torch.Tensor:
         from PIL import Image
 
-        from ..data.images import _rgb8, decode_image
+        from ..data.images.folders import _rgb8, decode_image
 
         if isinstance(item, (str, os.PathLike)):
             return decode_image(Path(item).read_bytes())

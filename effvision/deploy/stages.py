@@ -20,7 +20,7 @@ from .exporters import FP32_RELATIVE_TOLERANCE, export_verified, parity_failure
 class ExportConfig(StageConfig):
     type: Literal["export"] = "export"
     format: str = Field("onnx", description="export format: onnx or executorch")
-    precision: Literal["fp32", "fp16", "int8"] = "fp32"
+    precision: Literal["fp32", "fp16", "int8"] = Field("fp32", description="the exported file's precision")
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="{selector, n}: samples that calibrate int8 activations"
     )
@@ -77,7 +77,7 @@ def run_evaluate(ctx, cfg: EvaluateConfig) -> StageResult:
 
     from torch.utils.data import DataLoader
 
-    from ..data.views import ViewsDataset, views_accuracy
+    from ..data.video.views import ViewsDataset, views_accuracy
     from ..scoring import torch_predictor
     from .runtime import onnx_predictor
 
@@ -120,7 +120,9 @@ _RUNS = {
 
 class BenchConfig(StageConfig):
     type: Literal["bench"] = "bench"
-    backends: list[str] = Field(default_factory=lambda: ["onnxruntime-cpu", "torch-eager"])
+    backends: list[str] = Field(
+        default_factory=lambda: ["onnxruntime-cpu", "torch-eager"], description="backends every artifact is timed on"
+    )
     precisions: list[str] = Field(
         default_factory=lambda: ["fp32"], description="for torch models; exported files run in their own precision"
     )
@@ -129,12 +131,12 @@ class BenchConfig(StageConfig):
         description="batch sweep; the smallest is the latency batch, the largest the throughput one",
     )
     device: str = Field("auto", description="auto, cpu or cuda")
-    channels_last: bool = False
+    channels_last: bool = Field(False, description="NHWC memory format for torch backends")
     compile_mode: str = Field(
         "default", description="torch.compile mode for torch-compile (reduce-overhead: CUDA graphs)"
     )
-    warmup: int = Field(10, ge=0)
-    repeats: int = Field(50, ge=3)
+    warmup: int = Field(10, ge=0, description="untimed calls before timing")
+    repeats: int = Field(50, ge=3, description="timed calls per artifact, backend and batch")
     threads: int | None = Field(None, ge=1, description="intra-op threads (default: all cores)")
     roofline: bool = Field(True, description="measure the device's matmul peak and copy bandwidth in the same run")
     targets: Literal["all", "final"] = Field("all", description="every stage's artifact, or only the last of each kind")

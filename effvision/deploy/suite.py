@@ -94,8 +94,8 @@ def real_images(folder: str | Path, size: int, mean, std):
     from torch.utils.data import DataLoader
 
     from ..data import Subset, _Transformed
-    from ..data.images import ImageFolderDataset
-    from ..data.transforms import eval_transform
+    from ..data.images.folders import ImageFolderDataset
+    from ..data.images.transforms import eval_transform
 
     ds, tf = ImageFolderDataset(Path(folder)), eval_transform(size, mean, std)
     calib = [i for i in range(len(ds)) if i % 3 == 0]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from ..data.builtin import data_root, split_path
 from ..data.cards import get_card
 from ..data.compression import Levels, compress_dataset
+from ..data.layouts import data_root, split_path
 from ..errors import EffvisionError
 from ..progress import log, track
 from ..recipe import Recipe

@@ -13,7 +13,7 @@ Optimizer = Literal["sgd", "nesterov", "momentum", "adamw", "lamb", "lars"]
 
 
 class TrainSettings(Strict):
-    epochs: int = Field(10, ge=0)
+    epochs: int = Field(10, ge=0, description="passes over the training split")
     batch_size: Optional[int] = Field(
         None, gt=0, description="default: data.batch_size; the global batch, split over --nproc processes"
     )
@@ -22,15 +22,15 @@ class TrainSettings(Strict):
         description="sgd and nesterov: Nesterov SGD; momentum: plain SGD momentum; lars, lamb: layer-wise trust ratio",
     )
     lookahead: bool = Field(False, description="wrap the optimizer in Lookahead (Zhang et al. 2019)")
-    lr: float = Field(0.05, gt=0)
-    weight_decay: float = Field(5e-4, ge=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
+    lr: float = Field(0.05, gt=0, description="peak learning rate")
+    weight_decay: float = Field(5e-4, ge=0, description="L2 weight decay (decoupled for adamw and lamb)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (the first beta of adamw and lamb)")
     schedule: Literal["onecycle", "cosine", "constant", "step"] = Field(
         "onecycle",
         description="onecycle: linear up over warmup_epochs then linear down (triangular); step: x0.1 at 1/2 and 3/4 "
         "of the epochs",
     )
-    warmup_epochs: float = Field(1.0, ge=0)
+    warmup_epochs: float = Field(1.0, ge=0, description="epochs of linear learning-rate warm-up")
     # Fine-tuning a pretrained body.
     head_lr_scale: float = Field(
         1.0,
@@ -44,15 +44,17 @@ class TrainSettings(Strict):
         "no gradient, batch norm statistics fixed; the early layers of a pretrained body, which transfer as they are "
         "and cost the most backward time at high resolution",
     )
-    label_smoothing: float = Field(0.0, ge=0, lt=1)
-    ema: bool = False
-    ema_decay: float = Field(0.998, gt=0, lt=1)
-    channels_last: bool = False
-    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="share of the label mass spread over the other classes")
+    ema: bool = Field(False, description="evaluate and keep an exponential moving average of the weights")
+    ema_decay: float = Field(0.998, gt=0, lt=1, description="the moving average's decay per step")
+    channels_last: bool = Field(False, description="train in NHWC memory format")
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field(
+        "auto", description="mixed precision; auto: bf16 or fp16 on a GPU that has it, off on the CPU"
+    )
     compile: bool = Field(
         False, description="torch.compile the training forward; compilation is timed apart from training"
     )
-    grad_clip: Optional[float] = Field(None, gt=0)
+    grad_clip: Optional[float] = Field(None, gt=0, description="clip the gradients' global norm to this")
     hard_fraction: Optional[float] = Field(
         None, gt=0, le=1, description="selective backprop: train on this highest-loss fraction of each batch"
     )
@@ -101,7 +103,7 @@ class TrainSettings(Strict):
 class LogitDistillSettings(Strict):
     """Hinton et al.'s soft-target loss, mixed with the label loss."""
 
-    temperature: float = Field(4.0, gt=0)
+    temperature: float = Field(4.0, gt=0, description="softens both models' logits in the soft-target loss")
     alpha: float = Field(0.9, ge=0, le=1, description="weight of the soft (teacher) loss")
 
 

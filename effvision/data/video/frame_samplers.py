@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EffvisionError
-from ..registry import SAMPLERS
-from .samplers import make_sampler
-from .timing import NO_SPLIT
-from .video_io import Video, VideoError, VideoInfo, open_video
+from ...errors import EffvisionError
+from ...registry import SAMPLERS
+from ..samplers import make_sampler
+from ..timing import NO_SPLIT
+from .io import Video, VideoError, VideoInfo, open_video
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import EffvisionError
+from ...errors import EffvisionError
 
 
 def crop_offsets(length: int, size: int, crops: int) -> list[int]:

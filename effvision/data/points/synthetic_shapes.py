@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EffvisionError
-from .generated import write_once
-from .point_io import _open3d
-from .point_transforms import rotation_about
+from ...errors import EffvisionError
+from ..generated import write_once
+from .io import _open3d
+from .transforms import rotation_about
 
 CLASSES = ["arrow", "box", "cone", "cylinder", "octahedron", "sphere", "tetrahedron", "torus"]
 VERSION = 1

@@ -16,13 +16,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import EffvisionError
-from ..registry import DATASETS
+from ...errors import EffvisionError
+from ...registry import DATASETS
+from ..generated import generated_splits
+from ..layouts import ScanReport, folder_splits, label_indices, list_splits
 from .frame_samplers import FrameSampler, get_sampler
-from .generated import generated_splits
-from .images import ScanReport
-from .layouts import folder_splits, label_indices, list_splits
-from .video_io import VideoError, VideoInfo, is_video, scan_video
+from .io import VideoError, VideoInfo, is_video, scan_video
 
 
 class VideoDataset(torch.utils.data.Dataset):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EffvisionError
+from ...errors import EffvisionError
 
 VIDEO_EXTS = {".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".ogv", ".3gp", ".flv", ".wmv", ".ts"}
 

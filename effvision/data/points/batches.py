@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .point_transforms import AXES, augment_points
-from .tensor_batches import ShuffledBatches, base_and_indices
-from .timing import NO_SPLIT
+from ..tensor_batches import ShuffledBatches, base_and_indices
+from ..timing import NO_SPLIT
+from .transforms import AXES, augment_points
 
 
 def point_batches_possible(ds) -> bool:

@@ -6,7 +6,8 @@ measurement that chose open3d for the data pipeline). With --dataset,
 also the training loader of a dataset card: clouds drawn from its cache, FPS to N with a random
 start, augmented and batched, as an epoch sees them.
 
-    python -m effvision.data.point_loader_bench ../shared/testdata/pointclouds --points 1024 --dataset synthetic-shapes
+    python -m effvision.studies.point_loader_bench ../shared/testdata/pointclouds --points 1024 \
+        --dataset synthetic-shapes
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.points.io import POINT_EXTS, guess_bin_width, read_points
+from ..data.points.samplers import farthest_point_indices, normalize_unit_sphere
+from ..data.timing import NO_SPLIT, TimeSplit, format_shares, timed_pass
 from ..models.points import farthest_point_sample
-from .point_io import POINT_EXTS, guess_bin_width, read_points
-from .point_samplers import farthest_point_indices, normalize_unit_sphere
-from .timing import NO_SPLIT, TimeSplit, format_shares, timed_pass
 
 
 def _width(path: Path) -> int:
@@ -82,9 +83,9 @@ def cached_loader(dataset: str, points: int, rounds: int, batch_size: int = 32) 
     round by round: batched (the training default), per sample with the cached farthest-point
     orders (tensor_data: false), and per sample searching afresh on every draw (before the
     orders were cached). Each with the split of its time."""
+    from ..data import load_dataset
+    from ..data.tensor_batches import base_and_indices
     from ..recipe import DataConfig
-    from . import load_dataset
-    from .tensor_batches import base_and_indices
 
     bundle = load_dataset(DataConfig(name=dataset, num_points=points, batch_size=batch_size))
     base, _ = base_and_indices(bundle.train)

@@ -9,8 +9,8 @@ fresh process, sampling the resident set size every --every reads; the growth af
 --warmup reads is what a long epoch would accumulate (decord is reported to leak; PyAV 18.1 did:
 video_io._decoded).
 
-    python -m effvision.data.video_loader_bench ../shared/testdata/videos --frames 8 --size 112
-    python -m effvision.data.video_loader_bench ../shared/testdata/videos --memory 2000 --dataset synthetic-motion
+    python -m effvision.studies.video_loader_bench ../shared/testdata/videos --frames 8 --size 112
+    python -m effvision.studies.video_loader_bench ../shared/testdata/videos --memory 2000 --dataset synthetic-motion
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.timing import NO_SPLIT, TimeSplit
+from ..data.video.datasets import VideoDataset
+from ..data.video.frame_samplers import get_sampler, segment_indices
+from ..data.video.io import is_video, scan_video
 from ..device import resident_bytes
-from .frame_samplers import get_sampler, segment_indices
-from .timing import NO_SPLIT, TimeSplit
-from .video_io import is_video, scan_video
-from .videos import VideoDataset
 
 
 def decode_all_then_subsample(path: Path, frames: int, size: int, split=NO_SPLIT) -> tuple[np.ndarray, list[int]]:
@@ -178,8 +178,8 @@ def memory_dataset(clips: str, backend: str, frames: int, size: int, sampler: st
         return VideoDataset(
             [(p, 0) for p in files], ["video"], get_sampler(sampler, frames), size, train=True, backend=backend
         )
+    from ..data import _parent, load_dataset
     from ..recipe import DataConfig
-    from . import _parent, load_dataset
 
     train = _parent(load_dataset(DataConfig(name=clips, num_frames=frames, sampler=sampler)).train)
     return VideoDataset(train.samples, train.classes, train.sampler, train.short_side, train=True, backend=backend)
@@ -224,7 +224,7 @@ def measure_memory(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m effvision.data.video_loader_bench", description=__doc__.split("\n\n")[0]
+        prog="python -m effvision.studies.video_loader_bench", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("folder", type=Path)
     parser.add_argument("--frames", type=int, default=8)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from ..errors import EffvisionError
-from ..registry import DATASETS
-from .images import ImageFolderDataset, TensorImageDataset
+from ...registry import DATASETS
+from ..layouts import data_root, split_path
+from .folders import ImageFolderDataset, TensorImageDataset
 
 
 @DATASETS.register("digits")
@@ -30,33 +28,6 @@ def digits(card, config, progress=None):
         TensorImageDataset(x[tr], [y[i] for i in tr], classes),
         TensorImageDataset(x[va], [y[i] for i in va], classes),
     )
-
-
-def data_root(card, config) -> Path:
-    """The folder a card's data lives in: data.root, else the card's root; it must exist."""
-    root_str = config.root or card.root
-    if not root_str:
-        raise EffvisionError(
-            f"dataset {card.name} needs a path: pass --set data.root=<folder holding {card.train or 'train/'}>"
-        )
-    root = Path(root_str).expanduser()
-    if not root.exists():
-        raise EffvisionError(f"data path not found: {root}")
-    if root.is_file() and root.suffix.lower() == ".zip" and card.modality != "image":
-        # decord, PyAV and open3d read files on disk: a video or point-cloud archive is
-        # extracted once (safely) into the cache; images are read from the .zip in place
-        from .archive import extract_once
-
-        return extract_once(root, card.cache_dir)
-    return root
-
-
-def split_path(root: Path, given: str | None, defaults: tuple[str, ...]) -> Path:
-    for name in [given] if given else list(defaults):
-        if (root / name).exists():
-            return root / name
-    tried = given or " or ".join(defaults)
-    raise EffvisionError(f"data path not found: {root / tried} (set data.root to the folder that holds it)")
 
 
 @DATASETS.register("imagefolder")

@@ -6,7 +6,6 @@ import io
 import os
 import warnings
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -14,9 +13,10 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import EffvisionError
-from .archive import open_zip
-from .timing import NO_SPLIT
+from ...errors import EffvisionError
+from ..archive import open_zip
+from ..layouts import ScanReport
+from ..timing import NO_SPLIT
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 CACHE_BUDGET_BYTES = 1 << 30  # keep decoded images in memory while they fit in 1 GiB ...
@@ -114,12 +114,6 @@ def imagefolder_entries(names: list[str]) -> tuple[list[str], list[tuple[str, in
     classes = sorted({c for _, c in labelled})
     index = {c: i for i, c in enumerate(classes)}
     return classes, [(n, index[c]) for n, c in labelled]
-
-
-@dataclass
-class ScanReport:
-    total: int = 0
-    bad: list[tuple[str, str]] = field(default_factory=list)
 
 
 class ImageFolderDataset(torch.utils.data.Dataset):

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from ..errors import EffvisionError
-from .generated import write_once
+from ...errors import EffvisionError
+from ..generated import write_once
 
 CLASSES = ["move_left", "move_right", "move_up", "move_down", "turn_clockwise", "turn_anticlockwise"]
 VERSION = 2

@@ -22,17 +22,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..cache import entries as entry_files
-from ..cache import entry as cache_entry
-from ..cache import open_memmap
-from ..errors import EffvisionError
-from ..registry import DATASETS
-from .builtin import data_root
-from .generated import generated_splits
-from .images import ScanReport
-from .layouts import folder_splits, label_indices, list_splits, modelnet_entries
-from .point_io import PointCloudError, guess_bin_width, is_point_file, read_points
-from .point_samplers import (
+from ...cache import entries as entry_files
+from ...cache import entry as cache_entry
+from ...cache import open_memmap
+from ...errors import EffvisionError
+from ...registry import DATASETS
+from ..generated import generated_splits
+from ..layouts import ScanReport, data_root, folder_splits, label_indices, list_splits, modelnet_entries
+from ..timing import NO_SPLIT
+from .io import PointCloudError, guess_bin_width, is_point_file, read_points
+from .samplers import (
     FarthestPointSampler,
     PointSampler,
     _fill,
@@ -40,7 +39,6 @@ from .point_samplers import (
     get_point_sampler,
     normalize_unit_sphere,
 )
-from .timing import NO_SPLIT
 
 CACHE_VERSION = 2
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EffvisionError
+from ...errors import EffvisionError
 
 MESH_EXTS = {".off", ".obj", ".stl"}
 POINT_EXTS = MESH_EXTS | {".ply", ".pcd", ".xyz", ".xyzn", ".xyzrgb", ".pts", ".txt", ".npy", ".bin"}

@@ -24,10 +24,10 @@ import numpy as np
 from numpy._core.multiarray import _reconstruct as _np_reconstruct
 from PIL import Image
 
-from ..errors import EffvisionError
-from ..fileio import atomic_write
-from ..progress import track
-from .archive import unsafe_name
+from ...errors import EffvisionError
+from ...fileio import atomic_write
+from ...progress import track
+from ..archive import unsafe_name
 
 TRAIN_ZIP = "cifar10-jpeg-train.zip"
 TEST_ZIP = "cifar10-jpeg-test.zip"

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import EffvisionError
-from ..registry import SAMPLERS
-from .samplers import make_sampler
+from ...errors import EffvisionError
+from ...registry import SAMPLERS
+from ..samplers import make_sampler
 
 
 @dataclass
@@ -33,7 +33,7 @@ def farthest_point_indices(xyz: np.ndarray, k: int, start: int = 0) -> np.ndarra
     """Indices of k points, each the farthest from those chosen before, by open3d's
     farthest_point_down_sample (15-25x faster than a NumPy loop, BENCHMARKS.md). open3d returns
     points, not indices: the indices ride along as the cloud's normals and come back exactly."""
-    from .point_io import _open3d
+    from .io import _open3d
 
     o3d = _open3d()
     cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz[:, :3], dtype=np.float64)))
