@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,3 +127,27 @@ def test_the_pages_render_in_headless_chromium(served_site, page, tmp_path):
     assert 'class="md-nav' in dom, f"{page}: the theme did not render"
     for text in PAGES[page]:
         assert text in dom, f"{page}: {text} not rendered"
+
+
+def test_every_effvision_command_in_the_guides_parses():
+    # the guides' command lines go through the CLI's own parser, as README's do (tests/test_readme.py):
+    # a renamed option breaks this test, not the reader; lines with placeholders (<x>, ..., [a|b]) are forms
+    import shlex
+
+    from readme_commands import readme_commands
+    from test_readme import parse_cli
+
+    checked, problems = 0, []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for kind, line in readme_commands(page.read_text()):
+            words = shlex.split(re.split(r"\s(?:>|\||&&)\s", line)[0]) if kind == "bash" else []
+            if not words or words[0] not in ("effvision", ".venv/bin/effvision"):
+                continue
+            if any(mark in w for w in words for mark in ("<", "...", "|", "[")):
+                continue
+            checked += 1
+            try:
+                parse_cli(words[1:])
+            except Exception as e:  # typer's own click raises its UsageError
+                problems.append(f"{page.relative_to(ROOT)}: {line}: {e}")
+    assert checked > 30 and not problems, "\n".join(problems)
