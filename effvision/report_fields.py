@@ -283,6 +283,11 @@ def documented_paths() -> set[str]:
     return {path for _, _, fields in REPORT_FIELDS for path, _ in fields}
 
 
+def undescribed(report: dict) -> list[str]:
+    """The field paths a report holds that REPORT_FIELDS does not describe (a new field needs a line here)."""
+    return sorted(report_paths(report) - documented_paths())
+
+
 def report_paths(report: dict) -> set[str]:
     """The field paths a report holds, as REPORT_FIELDS names them: top-level keys and those of its
     blocks, and every stage row's keys (`stages[].accuracy`)."""

@@ -23,9 +23,9 @@ def _typed(kind: str):
     return create_model(kind.capitalize(), __base__=base, __module__=__name__, type=(str, kind))
 
 
-Select, Train, Prune, Distill, Quantize, Qat, Export, Evaluate, Bench = (
-    _typed(k) for k in ("select", "train", "prune", "distill", "quantize", "qat", "export", "evaluate", "bench")
-)
+# Every stage type in the order a recipe runs them (the reference docs list them so).
+IN_PIPELINE_ORDER = ("select", "train", "prune", "distill", "quantize", "qat", "export", "evaluate", "bench")
+Select, Train, Prune, Distill, Quantize, Qat, Export, Evaluate, Bench = (_typed(k) for k in IN_PIPELINE_ORDER)
 
 __all__ = [
     "load_recipe",

@@ -6,7 +6,7 @@ The call trains it, prunes half of its channels, distills it back from the train
 ONNX, quantizes it to int8 and times the result against the uncompressed model exported to the same
 runtime; everything lands in a run folder that a second run resumes. (Add
 target={"speedup": 1.5, "max_drop": 0.02} and the prune stage aims its per-layer widths at that
-measured speed-up instead of the uniform ratio: README, Recipes, `target:`.)
+measured speed-up instead of the uniform ratio: docs/guides/compress-to-target.md.)
 
     python examples/compress_own_model.py [RUN_DIR]      (default runs/own-model; about 20 s on 2 cores)
 """

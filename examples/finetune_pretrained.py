@@ -8,7 +8,7 @@ interpolation, crop fraction), and both transforms below follow it. The train st
 body is pretrained (create_model says so) and, where the stage leaves them unset, takes transfer
 learning's defaults (learning rate 0.01, a short warm-up). The stem and the first two stages stay
 frozen (they transfer as they are and cost the most backward time). Add Prune(...), Distill(...)
-and Quantize() to the stages to compress it (README, "Your own model and data").
+and Quantize() to the stages to compress it (docs/guides/python-api.md, "Your own model and data").
 
     python examples/finetune_pretrained.py FOLDER [RUN_DIR] [--size 96] [--epochs 3]
 """

@@ -1,9 +1,12 @@
 """README.md's commands, in the order a reader meets them: every line of its ```bash blocks and
-every ```python block. tests/test_readme.py checks them without running them (each `make` target
-exists, each effvision command line parses, each recipe loads); `make readme-check` runs them all,
-in order, on a fresh clone:
+every ```python block; and parse_cli, which checks an effvision command line without running it.
+tests/test_readme.py checks README's commands that way (each `make` target exists, each effvision
+command line parses, each recipe loads), tests/test_site.py the guides'; `make readme-check` runs
+them all, in order, on a fresh clone:
 
     python tests/readme_commands.py --run      # in the checkout to run them in (stops at the first failure)
+
+(--run needs no package beyond Python's own: it starts before make demo has made .venv.)
 """
 
 from __future__ import annotations
@@ -31,6 +34,26 @@ def readme_commands(text: str) -> list[tuple[str, str]]:
             if command and not command.startswith("#"):
                 found.append(("bash", command))
     return found
+
+
+def parse_cli(args: list[str]) -> list[str]:
+    """Parse an effvision command line as the CLI would (unknown commands and options, missing
+    arguments and bad values raise UsageError) without running it; return its recipe arguments."""
+    import typer
+
+    from effvision.cli import app
+
+    cmd, name, recipes = typer.main.get_command(app), "effvision", []
+    while True:
+        ctx = cmd.make_context(name, list(args))
+        if not hasattr(cmd, "commands"):
+            recipes += [v for k, v in ctx.params.items() if k == "recipe" and v]
+            sets = ctx.params.get("set_") or []
+            return [(r, list(sets)) for r in recipes]
+        rest = [*ctx._protected_args, *ctx.args]
+        name, args = rest[0], rest[1:]
+        cmd = cmd.get_command(ctx, name)
+        assert cmd is not None, f"no command {name}"
 
 
 def run_all(root: Path) -> int:

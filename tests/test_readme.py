@@ -9,8 +9,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-import typer
-from readme_commands import readme_commands
+from readme_commands import parse_cli, readme_commands
 
 from effvision.recipe import load_recipe
 
@@ -21,24 +20,6 @@ COMMANDS = readme_commands(README)
 
 def make_targets() -> set[str]:
     return set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
-
-
-def parse_cli(args: list[str]) -> list[str]:
-    """Parse an effvision command line as the CLI would (unknown commands and options, missing
-    arguments and bad values raise UsageError) without running it; return its recipe arguments."""
-    from effvision.cli import app
-
-    cmd, name, recipes = typer.main.get_command(app), "effvision", []
-    while True:
-        ctx = cmd.make_context(name, list(args))
-        if not hasattr(cmd, "commands"):
-            recipes += [v for k, v in ctx.params.items() if k == "recipe" and v]
-            sets = ctx.params.get("set_") or []
-            return [(r, list(sets)) for r in recipes]
-        rest = [*ctx._protected_args, *ctx.args]
-        name, args = rest[0], rest[1:]
-        cmd = cmd.get_command(ctx, name)
-        assert cmd is not None, f"no command {name}"
 
 
 def test_readme_is_short_and_starts_with_the_two_commands():

@@ -108,7 +108,7 @@ def served_site(tmp_path_factory):
     import threading
 
     site = tmp_path_factory.mktemp("site")
-    done = run_in(ROOT, str(MKDOCS), "build", "--strict", "--quiet", "--site-dir", str(site))
+    done = run_in(ROOT, str(MKDOCS), "build", "--strict", "--site-dir", str(site))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -134,8 +134,7 @@ def test_every_effvision_command_in_the_guides_parses():
     # a renamed option breaks this test, not the reader; lines with placeholders (<x>, ..., [a|b]) are forms
     import shlex
 
-    from readme_commands import readme_commands
-    from test_readme import parse_cli
+    from readme_commands import parse_cli, readme_commands
 
     checked, problems = 0, []
     for page in sorted((ROOT / "docs").rglob("*.md")):

@@ -20,7 +20,6 @@ import typing
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINE_ORDER = ("select", "train", "prune", "distill", "quantize", "qat", "export", "evaluate", "bench")
 GENERATED = ("reference/recipe.md", "reference/cli.md", "reference/report.md", "benchmarks.md")
 
 
@@ -146,9 +145,9 @@ def _doc(obj) -> str:
 
 
 def recipe_reference() -> str:
-    import effvision.stages  # noqa: F401  (registers every stage type)
     from effvision.recipe import DataConfig, ModelConfig, Recipe, StageConfig, TargetConfig
     from effvision.registry import STAGES
+    from effvision.stages import IN_PIPELINE_ORDER  # importing it registers every stage type
 
     lines = [
         "# Recipe reference",
@@ -177,7 +176,7 @@ def recipe_reference() -> str:
         "(default: the type) names its folder and its row in the report.",
         "",
     ]
-    in_order = [k for k in PIPELINE_ORDER if k in STAGES] + [k for k in STAGES.names() if k not in PIPELINE_ORDER]
+    in_order = [*IN_PIPELINE_ORDER, *(k for k in STAGES.names() if k not in IN_PIPELINE_ORDER)]
     for kind in in_order:
         stage = STAGES.get(kind)
         rows = field_rows(stage.config, kind, skip=set(StageConfig.model_fields))

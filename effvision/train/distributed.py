@@ -3,7 +3,7 @@ process group (gloo on CPU, nccl on GPU), and the training loop wraps the model 
 DistributedDataParallel. Rank 0 alone logs and writes the run folder.
 
 `effvision train --nproc N` relaunches itself under `torch.distributed.run --standalone` on this
-machine; a multi-node job is started by torchrun directly (README), and effvision then only joins.
+machine; a multi-node job is started by torchrun directly (docs/guides/images.md), and effvision then only joins.
 """
 
 from __future__ import annotations
