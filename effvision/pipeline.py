@@ -314,6 +314,7 @@ def run_pipeline(
     inputs: the caller's model and data in place of the recipe's (effvision.compress)."""
     from .compression.aim import check_target
 
+    _check_names(recipe, inputs)  # an unknown name first, before the run folder is touched
     device = resolve_device(recipe.device)
     for target in [recipe.target] + [getattr(s, "target", None) for s in recipe.stages]:
         if target is not None and not isinstance(target, bool):
@@ -326,6 +327,17 @@ def run_pipeline(
         except WriteFailed as exc:  # a full or failing disk: the file, and what the run folder kept
             why = f"{exc.reason}; {own_dir} keeps {_kept(own_dir)}; free space and run the same command to continue"
             raise WriteFailed(exc.path, why) from None
+
+
+def _check_names(recipe: Recipe, inputs: Optional[CallerInputs]) -> None:
+    """The recipe's model and dataset names exist (else one line: unknown, did you mean), unless the
+    caller brought its own model and data."""
+    from .data.cards import get_card
+    from .models import resolve
+
+    if inputs is None:
+        resolve(recipe.model.name)
+        get_card(recipe.data.name)
 
 
 def _interrupted(stop: BaseException, run_dir: Path) -> RunInterrupted:

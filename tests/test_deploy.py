@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from effvision.cli import main
-from effvision.deploy import bench_model, benchmark, export_verified
+from effvision.deploy import bench_model, benchmark, cpu_ceiling, export_verified
 from effvision.deploy.backends import check_pair, supported_pairs
 from effvision.deploy.executorch_export import executorch_missing
 from effvision.deploy.onnx_export import export_onnx, failing_operator
@@ -126,16 +126,16 @@ def test_roofline_measures_matmul_peak_and_bandwidth():
     assert peak["flops_per_s"] > 1e8 and peak["n"] == 256
     assert copy_bandwidth("cpu", nbytes=16 << 20, repeats=3)["bytes_per_s"] > 1e8
     assert matmul_peak("cpu", "float8") is None  # no float8 product on a CPU
-    rf = Roofline("cpu")
+    rf = Roofline("cpu", theoretical=False)
     rf.peaks["fp32"] = peak
     rf.peaks["int8"] = {"precision": "int8", "flops_per_s": 1.0}  # slower than fp32: fp32 is the ceiling
     assert rf.peak("int8")["precision"] == "fp32"
 
 
-def test_roofline_peak_is_the_best_probe_and_a_beaten_peak_is_said(capsys):
-    """ONNX Runtime's own products are probed beside torch's (its int8 product is the only one that
-    reaches a CPU's int8 rate without VNNI); a row that still beats the peak gets no share and one
-    line on stderr naming the figures."""
+def test_roofline_peak_is_the_best_probe_and_a_beaten_probe_is_said(capsys):
+    """Where no theoretical peak can be computed, ONNX Runtime's own products are probed beside
+    torch's (its int8 product is the only one that reaches a CPU's int8 rate without VNNI); a row
+    that still beats the probes gets no share and one line on stderr naming the figures."""
     from effvision.deploy.bench import add_roofline
     from effvision.deploy.roofline import ort_matmul_peak
 
@@ -143,7 +143,7 @@ def test_roofline_peak_is_the_best_probe_and_a_beaten_peak_is_said(capsys):
         probe = ort_matmul_peak(precision, sizes=(256,), repeats=3)
         assert probe["probe"] == "onnxruntime" and probe["flops_per_s"] > 1e8, probe
     assert ort_matmul_peak("bf16") is None
-    rf = Roofline("cpu")
+    rf = Roofline("cpu", theoretical=False)
     rf.peaks["fp32"] = {"precision": "fp32", "flops_per_s": 2e9, "probe": "torch"}
     rf.peaks["int8"] = {"precision": "int8", "flops_per_s": 4e9, "probe": "onnxruntime"}
     row = add_roofline({"backend": "onnxruntime-cpu", "precision": "int8", "batch": 1, "p50": 1.0}, 1e6, rf)
@@ -156,7 +156,50 @@ def test_roofline_peak_is_the_best_probe_and_a_beaten_peak_is_said(capsys):
     row = add_roofline({"backend": "onnxruntime-cpu", "precision": "fp32", "batch": 1, "p50": 1e-3}, 1e9, rf)
     assert row["fraction_of_peak"] is None and row["peak_exceeded"]
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "effvision: bug:" in err and "2000000.0 GFLOP/s" in err
+    assert err.count("\n") == 1 and "2000000.0 GFLOP/s" in err and "onnxruntime probe" in err
+
+
+def test_cpu_ceiling_from_instruction_set_cpus_and_clock(monkeypatch):
+    """Two of the widest multiply-add instructions per cycle on every CPU, at the clock read: the
+    figures a datasheet gives (e.g. 64 fp32 FLOP/cycle for AVX-512 FMA, 2,048 int8 ops for AMX)."""
+    clock = (2.0e9, "a test clock")
+    avx2 = {"sse2", "avx", "fma", "avx2"}
+    avx512 = avx2 | {"avx512f", "avx512bw", "avx512_vnni"}
+    assert cpu_ceiling.ceiling("fp32", avx512, 2, clock)["flops_per_s"] == 2 * 64 * 2e9
+    assert cpu_ceiling.ceiling("fp32", avx2, 2, clock)["flops_per_s"] == 2 * 32 * 2e9
+    assert cpu_ceiling.ceiling("int8", avx512, 2, clock)["flops_per_s"] == 2 * 256 * 2e9
+    assert cpu_ceiling.ceiling("int8", avx512 | {"amx_int8"}, 1, clock)["flops_per_s"] == 2048 * 2e9
+    assert cpu_ceiling.ceiling("int8", avx2, 4, clock)["flops_per_s"] == 4 * 128 * 2e9
+    # a precision without instructions of its own is capped by fp32's rate, never below it
+    assert cpu_ceiling.ceiling("bf16", avx512, 2, clock)["flops_per_s"] == 2 * 64 * 2e9
+    how = cpu_ceiling.ceiling("fp32", avx512, 2, clock)["how"]
+    assert "2 CPUs" in how and "AVX-512 FMA" in how and "a test clock" in how
+    # no readable instruction set (not x86) or clock: no theoretical ceiling, the probes stand in
+    assert cpu_ceiling.ceiling("fp32", {"asimd"}, 2, clock) is None
+    monkeypatch.setattr(cpu_ceiling, "clock_hz", lambda: None)
+    assert cpu_ceiling.ceiling("fp32", avx512, 2) is None
+    rf = Roofline("cpu")
+    rf._probe = lambda precision: {"precision": precision, "flops_per_s": 5e9, "probe": "torch", "n": 256}
+    assert rf.peak("fp32")["probe"] == "torch" and not rf.theoretical
+
+
+@pytest.mark.skipif(
+    cpu_ceiling.ceiling("fp32") is None,
+    reason="this CPU's instruction set or clock cannot be read: bench falls back to the probes",
+)
+def test_no_measured_product_beats_the_theoretical_ceiling():
+    """The ceiling is one: torch's and ONNX Runtime's fastest matrix products, fp32 and int8, stay
+    below this CPU's computed peak (a ceiling from too few ops per cycle fails here)."""
+    from effvision.deploy.roofline import ort_matmul_peak
+
+    rf = Roofline("cpu")
+    for precision in ("fp32", "int8"):
+        ceiling = rf.peak(precision)
+        assert ceiling["probe"] == "theoretical", ceiling
+        for probe in (matmul_peak("cpu", precision, repeats=3), ort_matmul_peak(precision, repeats=3)):
+            if probe:
+                assert probe["flops_per_s"] <= ceiling["flops_per_s"], (probe, ceiling)
+    assert rf.summary()["peak_how"]["fp32"] == rf.peak("fp32")["how"]
 
 
 def test_rows_measured_before_a_peak_was_probed_again_take_the_final_peak():
@@ -164,7 +207,7 @@ def test_rows_measured_before_a_peak_was_probed_again_take_the_final_peak():
     by the new, higher peak as well (make test beside a training run: 219 against 239 GFLOP/s)."""
     from effvision.deploy.bench import add_roofline, settle_shares
 
-    rf = Roofline("cpu")
+    rf = Roofline("cpu", theoretical=False)
     rf.peaks["fp32"] = {"precision": "fp32", "flops_per_s": 4e9, "probe": "torch"}
     rf._probe = lambda precision: {"precision": "fp32", "flops_per_s": 8e9, "probe": "onnxruntime"}
     first = add_roofline({"backend": "onnxruntime-cpu", "precision": "fp32", "batch": 1, "p50": 1.0}, 1e6, rf)
@@ -371,7 +414,7 @@ def test_harness_reports_latency_memory_flops_and_share_of_peak(tmp_path, quick_
     for r in rows:
         assert 0 < r["p50"] <= r["p90"] <= r["p99"] and r["timer"] == "perf_counter" and r["peak_memory"]["bytes"] > 0
         # throughput and achieved FLOP/s follow from the measured median for the row's batch, and
-        # the share of peak is against the roofline's measured matrix-multiply peak
+        # the share of peak is against the roofline's ceiling (this CPU's theoretical peak where readable)
         assert r["samples_per_s"] == pytest.approx(r["batch"] * 1e3 / r["p50"], rel=1e-3)
         assert r["flops_per_sample"] == 2 * macs
         assert r["achieved_flops_per_s"] == pytest.approx(2 * macs * r["batch"] * 1e3 / r["p50"], rel=1e-6)
@@ -380,6 +423,7 @@ def test_harness_reports_latency_memory_flops_and_share_of_peak(tmp_path, quick_
             r["achieved_flops_per_s"] / peak
         )
         assert 0 < r["fraction_of_peak"] <= 1, r  # a ceiling: no model beats it
+        assert r["peak_probe"] == "theoretical" or cpu_ceiling.ceiling("fp32") is None, r
     assert rf.summary()["copy_bytes_per_s"] > 0 and rf.summary()["matmul_flops_per_s"]["fp32"] > 0
     paths = write_results([{"model": "net", **r} for r in rows], tmp_path / "out", {"note": "test"})
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -670,6 +714,7 @@ def test_each_compiled_model_gets_a_fresh_dynamo(monkeypatch):
 
 def test_torchao_leaves_inductor_settings_alone():
     import torch._inductor.config as inductor_config
+    import torchao.quantization  # noqa: F401  (what importing it registers is not what torchao_gpu changes)
 
     from effvision.deploy.torch_precision import torchao_gpu
 

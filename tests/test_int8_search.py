@@ -75,6 +75,26 @@ def _planted_node(builder: Int8Builder) -> str:
     return next(n.name for n in builder.nodes if n.op_type == "Conv" and huge & set(n.input[1:2]))
 
 
+def test_one_reader_calibrates_two_passes_alike(healthy, tmp_path):
+    """The builder's calibration reader rewinds: a second quantizer pass reads every sample again
+    and writes the same file (a reader that cannot rewind leaves the second pass no samples)."""
+    _, builder, _, _ = healthy
+    reader = builder.reader
+    reader.rewind()
+    first = [reader.get_next() for _ in range(65)]
+    reader.rewind()
+    again = [reader.get_next() for _ in range(65)]
+    assert first[-1] is None and all(a is not None for a in first[:-1])  # 4 batches of 16, one at a time
+    assert all(np.array_equal(a["input"], b["input"]) for a, b in zip(first[:-1], again[:-1], strict=True))
+
+    def scales(path):
+        model = onnx.load(str(path))
+        return {i.name: onnx.numpy_helper.to_array(i).tolist() for i in model.graph.initializer if "scale" in i.name}
+
+    one, two = builder._quantize(tmp_path / "one.onnx"), builder._quantize(tmp_path / "two.onnx")
+    assert scales(one) and scales(one) == scales(two)
+
+
 def test_sensitivity_ranking_reverts_the_planted_layer(tmp_path):
     fp32, builder, samples, top1 = _files(tmp_path, plant=True)
     planted = _planted_node(builder)

@@ -16,6 +16,28 @@ DATA_SHARED = [
 ]
 DATA_MODALITIES = ["effvision.data.images", "effvision.data.video", "effvision.data.points"]
 
+# effvision/models/, lowest first; every module of it is listed by its full name (test_every_model_module_is_placed)
+MODELS_LAYERS = [
+    # base pieces: the model contract, timm/torchvision adapters, the caller's modules, profiling, the plain
+    # architectures, the zoo card schema
+    [
+        f"effvision.models.{name}"
+        for name in ("contract", "adapters", "caller", "profile", "cifar_resnet", "points", "speednet", "cards")
+    ],
+    # reading and checking weights
+    ["effvision.models.weights"],
+    # where weights come from: the zoo's card files, the Hugging Face cache, installed packages (and their layouts)
+    ["effvision.models.zoo", "effvision.models.hub", "effvision.models.layouts", "effvision.models.packaged"],
+    # building an architecture from a name: resolve, build, create_model
+    ["effvision.models.builder"],
+    # video classifiers, whose builders compose an image backbone through create_model
+    ["effvision.models.video"],
+    # checkpoints of built (and pruned) models
+    ["effvision.models.checkpoint"],
+    # the models a command line names, the package (which registers the architectures), scoring a model
+    ["effvision.models.factory", "effvision.models", "effvision.scoring"],
+]
+
 # Lowest first. A module belongs to the layer of its longest listed prefix.
 LAYERS = [
     # base: no knowledge of models, data or recipes
@@ -34,8 +56,8 @@ LAYERS = [
     ],
     # typed configuration: recipes and the stage contract
     ["effvision.recipe", "effvision.stage"],
-    # what a stage works on: models, then data from the bottom up
-    ["effvision.models", "effvision.scoring"],
+    # what a stage works on: models from the bottom up (MODELS_LAYERS), then data from the bottom up
+    *MODELS_LAYERS,
     # data shared by every modality: archives, cards, layouts, generated data, selection, samplers' constructor,
     # timing, batches of tensors
     DATA_SHARED,
@@ -118,6 +140,61 @@ def test_an_upward_import_is_caught():
     source = (PACKAGE / "recipe.py").read_text() + "\n\ndef _late():\n    from . import pipeline\n"
     upward = [t for _, t in imports_in(source, "effvision") if layer_of(t) > layer_of("effvision.recipe")]
     assert upward == ["effvision.pipeline"]
+
+
+MODELS_SOURCES = sorted((PACKAGE / "models").glob("*.py"))
+
+
+def test_every_model_module_is_placed():
+    # "effvision.models" (the package) would take in an unlisted module at the top of models/: list it
+    listed = {name for names in MODELS_LAYERS for name in names}
+    unplaced = sorted(module_name(p) for p in MODELS_SOURCES if module_name(p) not in listed)
+    assert not unplaced, f"give {unplaced} a layer in MODELS_LAYERS ({Path(__file__).name})"
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph as [a, b, ..., a], or [] when it has none (depth-first search)."""
+    state: dict[str, str] = {}  # "open" while on the search path, "done" after
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = "open"
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                return path[path.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[node] = "done"
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return []
+
+
+def test_import_cycle_is_found():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_models_import_no_circle():
+    # Every import between modules of effvision/models/, at module level or inside a function: a circle
+    # (a imports b, b imports a, however late) means neither can be read or tested without the other.
+    modules = {module_name(p): p for p in MODELS_SOURCES}
+
+    def owner(target: str) -> str | None:  # the models module an import reaches (its longest prefix)
+        found = [m for m in modules if target == m or target.startswith(m + ".")]
+        return max(found, key=len) if found else None
+
+    graph = {
+        own: {o for _, target in imports_of(path) if (o := owner(target)) not in (None, own)}
+        for own, path in modules.items()
+    }
+    cycle = import_cycle(graph)
+    assert not cycle, "effvision/models/ imports in a circle: " + " -> ".join(cycle)
 
 
 def modality_of(module: str) -> str | None:

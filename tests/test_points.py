@@ -216,7 +216,7 @@ TINY = {
 
 def test_sampling_inside_the_network_refuses_export_and_says_why(tmp_path):
     from effvision.deploy.onnx_export import export_onnx
-    from effvision.models.factory import create_model
+    from effvision.models.builder import create_model
 
     model = create_model(
         "pointnet2_ssg", num_classes=3, input_size=[3, 128], **{**TINY["pointnet2_ssg"], "centroids": "fps"}

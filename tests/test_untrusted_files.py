@@ -17,7 +17,7 @@ from effvision.data.archive import ArchiveError, extract_once, inside
 from effvision.data.images.folders import FileSource, ImageFolderDataset
 from effvision.errors import EffvisionError
 from effvision.models import create_model, load_checkpoint
-from effvision.models.checkpoint import load_pretrained
+from effvision.models.weights import load_pretrained
 
 MARKER = "effvision-was-exploited"  # what the malicious payloads would create in the working folder
 

@@ -176,7 +176,7 @@ TRAINED = [c for c in list_cards() if c.trained is not None]
     ids=lambda c: c.name,
 )
 def test_trained_cards_score_what_they_claim(card):
-    from effvision.models.zoo import trained_weights_path
+    from effvision.models.cards import trained_weights_path
     from effvision.zoo.publish import score_trained
 
     overrides = _root_for(card)

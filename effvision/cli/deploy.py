@@ -15,13 +15,14 @@ from .common import csv, out, table
 def _bench_model(spec: str):
     """What bench times: the card's model with its weights when it has them; otherwise the
     architecture with random weights (the same speed), said in one line."""
-    from ..models import is_checkpoint_path, load_model
+    from ..models import is_checkpoint_path, load_model, resolve
 
     try:
         return load_model(spec)
     except EffvisionError as exc:
         if is_checkpoint_path(spec):
             raise
+        resolve(spec)  # an unknown name is said as unknown, not timed
         out.print(f"timing {spec} with random weights (the same speed): {exc}")
         return load_model(spec, random_weights=True)
 

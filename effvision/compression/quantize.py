@@ -20,20 +20,21 @@ WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 FOLDED = ("Relu", "Clip")  # activations ONNX Runtime's quantizer folds into the next QuantizeLinear
 
 
-class _Reader:
+class CalibrationReader:
     """Feeds calibration samples to ONNX Runtime's calibrator one at a time: its histogram
-    collectors (percentile, entropy) cannot stack outputs of unequal batches (a short last one)."""
+    collectors (percentile, entropy) cannot stack outputs of unequal batches (a short last one).
+    rewind() starts again from the first sample, so one reader serves every quantizer pass."""
 
     def __init__(self, loader, input_name: str):
-        self.samples = (x[i : i + 1].numpy() for x, *_ in loader for i in range(len(x)))
-        self.name = input_name
+        self.loader, self.name = loader, input_name
+        self.rewind()
 
     def get_next(self):
         sample = next(self.samples, None)
         return None if sample is None else {self.name: sample}
 
-    def rewind(self):  # required by newer CalibrationDataReader users
-        pass
+    def rewind(self) -> None:
+        self.samples = (x[i : i + 1].numpy() for x, *_ in self.loader for i in range(len(x)))
 
 
 def cpu_has_vnni() -> bool:
@@ -107,7 +108,7 @@ class Int8Builder:
         self.input_name = ort_session(self.src).get_inputs()[0].name
         self.work.mkdir(parents=True, exist_ok=True)
         self.pre = self.work / "pre.onnx"
-        self._loader = calib_loader
+        self.reader = CalibrationReader(calib_loader, self.input_name)
         self._int8 = self._pre = None  # the every-layer int8 model (made on the first write) and the float one
         _preprocess(self.src, self.pre, self.work)
         self.nodes = list(onnx.load(str(self.pre), load_external_data=False).graph.node)
@@ -151,11 +152,12 @@ class Int8Builder:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
         def write(out: Path) -> None:
+            self.reader.rewind()  # a pass after the first reads the samples from the start again
             with contextlib.redirect_stdout(io.StringIO()):
                 quantize_static(
                     str(self.pre),
                     str(out),
-                    _Reader(self._loader, self.input_name),
+                    self.reader,
                     quant_format=QuantFormat.QDQ,
                     activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8,

@@ -22,7 +22,7 @@ EXTRA = {"image": [], "video": ["av"], "points": ["open3d"]}
 
 def write_bundle(artifact: str | Path, out_dir: str | Path) -> Path:
     """Write the bundle of an ONNX file carrying effvision metadata into out_dir (replaced whole)."""
-    from ..models.hub import sha256_of
+    from ..models.weights import sha256_of
 
     artifact, out_dir = Path(artifact), Path(out_dir)
     if artifact.suffix != ".onnx":

@@ -1,21 +1,22 @@
-"""The device's physical limits, measured in the same run as the benchmark: the matrix-multiply
-peak (FLOP/s) for a precision and the copy bandwidth (bytes read + written per second).
+"""The device's physical limits: the peak (FLOP/s) a model run in a precision cannot exceed, and
+the copy bandwidth (bytes read + written per second) measured in the same run as the benchmark.
 
 A model's achieved FLOP/s divided by the peak says how much of the hardware it uses; the peak
 divided by the bandwidth is the arithmetic intensity below which work is memory-bound.
 
-A peak is a ceiling only if no model run beats it, so it is the best of several probes: torch's
-matrix product and ONNX Runtime's (MLAS: the kernels that run the exported files, faster than
-torch's on some CPUs, and the only int8 product that reaches the CPU's int8 rate without VNNI),
-at two sizes, with every thread, the fastest of several calls. A model that still beats it is a
-bug of the measurement, said in one line by the caller (bench.add_roofline), never a share
-above 100%."""
+On a CPU whose instruction set and clock can be read, the peak is the theoretical one
+(cpu_ceiling.py): a share above 100% is then impossible by construction. A measured matrix
+product is not a ceiling (convolution kernels beat it), so probes are the fallback only where the
+peak cannot be computed (a GPU, a CPU that is not x86): the best of torch's matrix product and
+ONNX Runtime's, at two sizes, with every thread, the fastest of several calls, run again where a
+model beat them; a row that still beats a probe gets no share, and one line says so."""
 
 from __future__ import annotations
 
 import torch
 
 from ..device import Timer, synchronize
+from . import cpu_ceiling
 
 # Matrix sizes: large enough to leave launch and cache effects behind, small enough to stay quick
 # on a 2-core CPU (a 2048^3 fp32 product is ~17 GFLOP, about 0.1 s there).
@@ -149,20 +150,29 @@ def copy_bandwidth(device: torch.device | str, nbytes: int | None = None, repeat
 
 
 class Roofline:
-    """Peaks measured once per (device, precision) and kept for the run."""
+    """Peaks found once per (device, precision) and kept for the run: the CPU's theoretical peak
+    where it can be computed, else the probes'."""
 
-    def __init__(self, device: torch.device | str):
+    def __init__(self, device: torch.device | str, theoretical: bool = True):
         self.device = torch.device(device)
+        self.theoretical = theoretical and self.device.type == "cpu"
         self.peaks: dict[str, dict | None] = {}
         self.bandwidth: dict | None = None
 
     def peak(self, precision: str, at_least: float = 0.0, retries: int = 2) -> dict | None:
-        """The ceiling for a model run in `precision`: the fastest of that precision's matrix
-        products and the fp32 ones. (A CPU without bf16/int8 matrix units runs those products
-        slower than fp32, and a runtime may compute in fp32 anyway; the fp32 rate is then the
-        honest ceiling.) Where a model achieved `at_least` FLOP/s and the ceiling is lower, the
-        probes are run again up to `retries` times, the best kept: on a shared machine the probe
-        may have met a busy moment that the model did not."""
+        """The ceiling for a model run in `precision`. Computed, it is the CPU's theoretical peak
+        (that precision's instructions or fp32's, the faster). Probed, it is the fastest of that
+        precision's matrix products and the fp32 ones (a CPU without bf16/int8 matrix units runs
+        those slower than fp32, and a runtime may compute in fp32 anyway); where a model achieved
+        `at_least` FLOP/s and the probes are lower, they run again up to `retries` times, the best
+        kept: on a shared machine a probe may have met a busy moment that the model did not."""
+        if self.theoretical:
+            if precision not in self.peaks:
+                self.peaks[precision] = cpu_ceiling.ceiling(precision)
+            if self.peaks[precision] is not None:
+                return self.peaks[precision]
+            self.theoretical = False  # instruction set or clock unreadable: probe instead
+            self.peaks.clear()
         for p in {precision, "fp32"}:
             if p not in self.peaks:
                 self.peaks[p] = self._probe(p)
@@ -198,4 +208,7 @@ class Roofline:
             "copy_bytes_per_s": bw["bytes_per_s"],
             "matmul_flops_per_s": {p: (v["flops_per_s"] if v else None) for p, v in self.peaks.items()},
             "matmul_probe": {p: (v["probe"] if v else None) for p, v in self.peaks.items()},
+            "peak_how": {
+                p: v.get("how") or f"{v['probe']} matrix product, n={v.get('n')}" for p, v in self.peaks.items() if v
+            },
         }

@@ -10,22 +10,15 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from ..errors import EffvisionError
+from .cards import trained_weights_path
+from .weights import sha256_of
 
 HUB_PREFIX = "hf-hub:"
 # timm publishes safetensors; older repos hold only the pickled-tensor file (read weights_only).
 HUB_FILES = ("model.safetensors", "pytorch_model.bin")
-
-
-def sha256_of(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def hub_file(repo_id: str) -> Path:
@@ -52,8 +45,6 @@ def hub_file(repo_id: str) -> Path:
 
 def card_weights(card) -> Path:
     """A card's pretrained weights for `pretrained: zoo`: its trained file (checked), else its hub repo."""
-    from .zoo import trained_weights_path
-
     path = trained_weights_path(card)
     if path is not None:
         if not path.is_file():

@@ -16,6 +16,8 @@ from torch import nn
 
 from ..errors import EffvisionError
 from ..registry import MODELS
+from .builder import build, create_model, resolve
+from .zoo import get_card
 
 
 class TemporalShift(nn.Module):
@@ -117,9 +119,6 @@ def _backbone(name: str, num_classes: int, frame_size: int, **kwargs) -> nn.Modu
     """The 2D network every frame goes through. A pretrained image card (weights an installed
     package ships) comes with its weights, loaded before TSM wraps its convolutions (the shift
     changes names, not shapes)."""
-    from .factory import build, create_model, resolve
-    from .zoo import get_card
-
     card = get_card(name)
     if card is not None and card.package is not None:
         model = create_model(name, num_classes=num_classes, input_size=[3, frame_size, frame_size], **kwargs)

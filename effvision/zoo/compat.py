@@ -84,7 +84,7 @@ def plain_torch_pruning_error(name: str, size: int, num_classes: int, ratio: flo
 
     from ..errors import one_line
     from ..models.adapters import classifier_of
-    from ..models.factory import create_model
+    from ..models.builder import create_model
 
     model = create_model(f"timm:{name}", num_classes=num_classes, input_size=[3, size, size]).eval()
     x = torch.randn(1, 3, size, size)
@@ -108,7 +108,7 @@ def export_unpruned_error(name: str, size: int, num_classes: int) -> str | None:
 
     from ..deploy import export_onnx
     from ..errors import one_line
-    from ..models.factory import create_model
+    from ..models.builder import create_model
 
     model = create_model(f"timm:{name}", num_classes=num_classes, input_size=[3, size, size])
     with tempfile.TemporaryDirectory() as tmp:

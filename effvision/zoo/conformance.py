@@ -111,7 +111,7 @@ def run_conformance(
     from ..deploy import export_onnx
     from ..deploy.exporters import FP32_RELATIVE_TOLERANCE, parity, parity_failure
     from ..deploy.runtime import ort_session, run_session
-    from ..models.factory import create_model
+    from ..models.builder import create_model
     from ..models.profile import count_macs, count_params
 
     result = Conformance(name, list(input_size))

@@ -29,7 +29,7 @@ def publish(run_dir: str | Path, stage: str, card_name: str | None = None) -> tu
     from safetensors.torch import save_file
 
     from ..models import build, load_checkpoint, resolve
-    from ..models.hub import sha256_of
+    from ..models.weights import sha256_of
     from ..models.zoo import get_card
     from ..paths import card_files
 
@@ -91,7 +91,7 @@ def append_trained_block(card_name: str, block: dict) -> Path:
 def score_trained(card, overrides: list[str] | None = None) -> float:
     """Top-1 of a card's trained weights (sha256-checked) on the split its recipe validates on,
     rebuilt the way the recipe built it: what the card's `accuracy` claims, measured again."""
-    from ..models.factory import create_model
+    from ..models.builder import create_model
     from ..pipeline import recipe_data
     from ..scoring import accuracy, torch_predictor
     from ..stages import load_recipe
