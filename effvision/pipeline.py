@@ -45,14 +45,16 @@ def _hash(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def recipe_data(recipe: Recipe):
+def recipe_data(recipe: Recipe, size: int | None = None):
     """The recipe's dataset, fed the way its model's weights expect: a pretrained card's mean, std
-    and interpolation (its `preprocessing`) replace the dataset card's."""
+    and interpolation (its `preprocessing`) replace the dataset card's; `size`: images at that
+    side instead (an input size a plan stage kept)."""
     from .data import load_dataset
     from .models.zoo import get_card
 
     card = get_card(recipe.model.name)
-    return load_dataset(recipe.data, seed=recipe.seed, preprocessing=card.preprocessing if card else None)
+    config = recipe.data if size is None else recipe.data.model_copy(update={"image_size": size})
+    return load_dataset(config, seed=recipe.seed, preprocessing=card.preprocessing if card else None)
 
 
 @dataclass
@@ -82,8 +84,11 @@ class RunContext:
         self.model_path: Optional[Path] = None
         self.onnx: Optional[Path] = None
         self.stage_dir: Path = run_dir
+        self.notes: dict = {}  # what the running stage's helpers record beside its result (joins its record)
         self._model: Optional[torch.nn.Module] = None
         self._data = None
+        self._size: Optional[int] = None  # the lower input size a plan stage kept (None: the data's own)
+        self._full = None  # the data at its own size, where a plan stage kept a lower one
         self._selection: Optional[tuple[list[int], Optional[list[float]]]] = (
             None  # a select stage's coreset of the training split
         )
@@ -94,7 +99,7 @@ class RunContext:
     def data(self):
         """The recipe's dataset; after a select stage, its training split is the kept coreset."""
         if self._data is None:
-            self._data = self.inputs.data if self.inputs else recipe_data(self.recipe)
+            self._data = self.inputs.data if self.inputs else recipe_data(self.recipe, self._size)
             summary = self._data.summary()
             if summary["bad_samples"]:
                 log(
@@ -109,6 +114,30 @@ class RunContext:
         if self._selected is None:
             self._selected = self._data.with_train_subset(*self._selection)
         return self._selected
+
+    @property
+    def full_data(self):
+        """The data at its own input size (what the uncompressed reference and a distillation's
+        teacher see), the training split as `data` has it; `data` itself where no lower size was kept."""
+        if self._size is None:
+            return self.data
+        if self._full is None:
+            self._full = recipe_data(self.recipe)
+        return self._full if self._selection is None else self._full.with_train_subset(*self._selection)
+
+    @property
+    def student_size(self) -> Optional[int]:
+        """The input size the model being compressed takes, where a plan stage lowered it."""
+        return self._size
+
+    @property
+    def full_input_shape(self) -> list[int]:
+        return self.full_data.input_size
+
+    def use_size(self, size: Optional[int]) -> None:
+        """Later stages train, evaluate and export the model at this input size (a plan's lever)."""
+        if size != self._size:
+            self._size, self._data, self._selected = size, None, None
 
     def select_train(self, indices, weights=None) -> Path:
         """Train later stages on these samples of the current training split; saved as selection.json."""
@@ -168,10 +197,11 @@ class RunContext:
         return str(Path(path).relative_to(self.run_dir))
 
     # -- results -------------------------------------------------------------------------
-    def _size(self, model: torch.nn.Module) -> dict:
+    def _measure(self, model: torch.nn.Module) -> dict:
         from .models import count_macs, count_params
 
-        return {"params": count_params(model), "macs": count_macs(model, self.input_shape)}
+        shape = self.input_shape
+        return {"params": count_params(model), "macs": count_macs(model, shape), "input_size": list(shape)}
 
     def torch_result(
         self,
@@ -191,7 +221,7 @@ class RunContext:
         path = save_checkpoint(model, self.stage_dir / "model.pt", metadata=self.describe(model, accuracy))
         self._model, self.model_path = model, path
         metrics = {
-            **self._size(model),
+            **self._measure(model),
             "size_bytes": path.stat().st_size,
             "accuracy": accuracy,
             "evaluated_with": "torch",
@@ -221,7 +251,7 @@ class RunContext:
         if kind == "onnx":
             self.onnx = path
         metrics = {
-            **self._size(self.model),
+            **self._measure(self.model),
             "size_bytes": path.stat().st_size,
             "accuracy": acc,
             "evaluated_with": runtime,
@@ -300,6 +330,10 @@ class RunContext:
         if "selection" in arts:
             saved = read_json(self.run_dir / arts["selection"])
             self._selection, self._selected = (saved["indices"], saved["weights"]), None
+        plan = record.get("plan")
+        if plan is not None:  # a lower input size the plan kept: every later stage works at it
+            size = plan["kept"]["size"]
+            self.use_size(size if size < plan["reference"]["size"] else None)
         self.records.append(record)
 
 
@@ -364,7 +398,11 @@ def _kept(run_dir: Path) -> str:
 def _aims_at_recipe_target(recipe: Recipe, cfg) -> bool:
     """A stage with a `target` field left unset (or true) reads the recipe's target block, so
     that block is one of its inputs."""
-    return recipe.target is not None and "target" in type(cfg).model_fields and cfg.target in (None, True)
+    if recipe.target is None:
+        return False
+    if getattr(type(cfg), "reads_recipe_target", False):  # a plan's levers, int8's floor
+        return True
+    return "target" in type(cfg).model_fields and cfg.target in (None, True)
 
 
 def _forget_unfinished(run_dir: Path) -> None:
@@ -451,11 +489,13 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None, inpu
         log(f"[bold]stage {k}/{len(stages)} {cfg.name}[/] ({cfg.type})")
         input_model = ctx.rel(ctx.model_path) if ctx.model_path else None
         start = time.perf_counter()
+        ctx.notes = {}
         result = STAGES.get(cfg.type).run(ctx, cfg)
         record = {
             "index": k,
             "name": cfg.name,
             "type": cfg.type,
+            **ctx.notes,
             **result.metrics,
             "wall_s": round(time.perf_counter() - start, 3),
             "artifacts": {kind: ctx.rel(sdir / f) for kind, f in result.artifacts.items()},

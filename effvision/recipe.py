@@ -74,6 +74,18 @@ class TargetConfig(Strict):
     speedup: Optional[float] = Field(None, description="times faster than the uncompressed fp32 reference, > 1")
     latency_ms: Optional[float] = Field(None, gt=0, description="instead of speedup: the median latency to reach")
     max_drop: Optional[float] = Field(None, ge=0, lt=1, description="largest accepted top-1 loss (absolute)")
+    resolutions: list[int] = Field(
+        default_factory=list,
+        description="lower input sizes a plan stage measures as levers (fp32 and int8), e.g. [96, 80]; each at most "
+        "the model's own",
+    )
+
+    @field_validator("resolutions")
+    @classmethod
+    def _sizes(cls, v):
+        if any(r < 8 for r in v):
+            raise ValueError("input sizes must be at least 8 pixels")
+        return sorted(set(v), reverse=True)
 
     @field_validator("speedup")
     @classmethod

@@ -75,6 +75,7 @@ def build_report(run_dir: str | Path) -> dict:
         "stages": stages,
         "artifacts": artifacts,
         **{key: last_bench.get(key) for key in _TOP_LEVEL},
+        "plan": next((r["plan"] for r in reversed(records) if r["type"] == "plan"), None),
         "target": target,
         "env": {
             k: env.get(k)
@@ -248,6 +249,7 @@ def to_markdown(report: dict) -> str:
                 f"of {d['source_points_per_sample']:g} in the files ({fmt_bytes(d['source_bytes_per_sample'])} on disk)"
             )
     out += headline_lines(report)
+    out += plan_lines(report.get("plan"))
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     trained = [s for s in report["stages"] if (s.get("data") or {}).get("path")]
@@ -284,11 +286,16 @@ def to_markdown(report: dict) -> str:
         ]
         rf = bench[-1].get("roofline")
         if rf:
-            peaks = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in rf["matmul_flops_per_s"].items() if v)
+            how = rf.get("peak_how") or {}
+            peaks = "; ".join(
+                f"{k} {v / 1e9:.1f} GFLOP/s" + (f" ({how[k]})" if k in how else "")
+                for k, v in rf["matmul_flops_per_s"].items()
+                if v
+            )
             out += [
                 "",
-                f"Device limits measured in the same run ({rf['device']}): matrix product {peaks}; copy "
-                f"{rf['copy_bytes_per_s'] / 1e9:.1f} GB/s.",
+                f"Device limits ({rf['device']}): peak {peaks}; copy {rf['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
+                "measured in the same run.",
             ]
     out += [
         "",
@@ -304,6 +311,33 @@ def to_markdown(report: dict) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def plan_lines(plan: dict | None) -> list[str]:
+    """The plan stage's levers as a table: what each gave and cost here, what was kept, what was
+    left to pruning."""
+    if not plan:
+        return []
+    floor = "no floor" if plan["max_drop"] is None else f"floor {100 * plan['max_drop']:.2f} points"
+    out = [
+        "",
+        f"Plan for {plan['goal_speedup']:.2f}x on {plan['backend']} at batch {plan['batch']} ({floor}), levers "
+        f"timed against the uncompressed model's fp32 file ({plan['timed']}), scored on {plan['scored_on']}:",
+        "",
+        "| lever | p50 ms | speed-up | top-1 (held out) | cost, points | kept |",
+        "|---|---|---|---|---|---|",
+        f"| reference: fp32 @{plan['reference']['size']} | {plan['reference']['p50_ms']:.3f} | 1.00x | "
+        f"{plan['reference']['top1']:.4f} | 0.00 |  |",
+    ]
+    for lv in plan["levers"]:
+        if lv["lever"] == f"fp32@{plan['reference']['size']}":
+            continue
+        out.append(
+            f"| {lv['lever']} | {lv['p50_ms']:.3f} | {lv['speedup']:.2f}x | {lv['top1']:.4f} | "
+            f"{100 * lv['cost']:.2f} | {'kept' if lv.get('kept') else ''} |"
+        )
+    left = "nothing is pruned" if not plan["prune"] else f"pruning aims at the remaining {plan['remainder']:.2f}x"
+    return [*out, "", f"Kept {plan['kept']['lever']}: {plan['why']}; {left}."]
 
 
 def headline_lines(report: dict) -> list[str]:

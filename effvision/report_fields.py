@@ -78,6 +78,16 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("stages[].throughput", "the same at the largest benchmarked batch: `backend`, `batch`, `samples_per_s`"),
             ("stages[].wall_s", "the stage's wall-clock seconds"),
             (
+                "stages[].batchnorm",
+                "stages that distil (prune's fine-tuning): after each distillation, whether the batch-norm "
+                "statistics it ended with or recomputed ones were kept (`kept`), the top-1 of each (`trained`, "
+                "`recomputed`) on held-out training images (`scored_on`), and `after` (which distillation)",
+            ),
+            (
+                "stages[].input_size",
+                "the input shape the stage's model takes (lower than the data's after a plan stage kept a lower size)",
+            ),
+            (
                 "stages[].time_to_accuracy_s",
                 "training seconds (evaluation and compilation excluded) until validation top-1 first reached the "
                 "stage's `target_accuracy`; null when the stage does not train, has no target, or did not reach it",
@@ -126,6 +136,20 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "`plan` rows",
+        "The levers a plan stage measured on the uncompressed model and what it kept (also the report's `plan`).",
+        [
+            (
+                "stages[].plan",
+                "the plan: `goal_speedup`, `max_drop`, `backend`, `batch`, `scored_on` (the held-out images), "
+                "`reference` (`size`, `p50_ms`, `top1`), `levers` (each `lever`, `precision`, `size`, `p50_ms`, "
+                "`speedup`, `top1`, `cost`, `file`; the kept one `kept: true`), `kept`, `why`, `remainder` (the "
+                "speed-up left to pruning; 1: none), `prune`, `int8` (the int8 search's decisions), `method`, "
+                "`calibration`, `score_samples`, `timed`",
+            ),
+        ],
+    ),
+    (
         "`prune` rows",
         "What pruning did besides the common fields.",
         [
@@ -135,7 +159,9 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
                 "stages[].aim",
                 "aiming at a target: the search's record: `target_ms`, `start` and `final` (`ms`, `speedup`), "
                 "`steps`, the chosen `widths` per layer group, `groups`, `channel_multiple`, `narrowest`, "
-                "`latency_model`",
+                "`latency_model`; after a plan stage also `precision` (what candidates were timed as), `remainder` "
+                "and `floor` (top-1 and drop on the plan's held-out images, `held`); `met_by_plan` when the plan's "
+                "levers met the target and nothing was pruned",
             ),
             (
                 "stages[].finetune_features",
@@ -214,7 +240,9 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [
             (
                 "stages[].roofline",
-                "`device`, `copy_bytes_per_s`, `matmul_flops_per_s` and `matmul_probe` per precision",
+                "`device`, `copy_bytes_per_s`; per precision the ceiling `matmul_flops_per_s`, where it came from "
+                "`matmul_probe` (`theoretical`: the CPU's instruction set, CPUs and clock; else the probe that "
+                "measured it, `torch` or `onnxruntime`) and `peak_how` (how it was computed or measured)",
             ),
             ("stages[].plots", "file names of the plots in its folder"),
             (
@@ -223,8 +251,8 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
                 "`batch`, `p50`, `p90`, `p99`, `samples_per_s`, `repeats`, `warmup`, `first_call_ms`, `timer` "
                 "(`perf_counter` or `cuda-event`), `peak_memory` (`kind`, `bytes`, `scope`), and when MACs are "
                 "known `flops_per_sample`, `achieved_flops_per_s`, `peak_flops_per_s`, `peak_precision`, "
-                "`peak_probe`, `fraction_of_peak` (at most 1; null with `peak_exceeded: true` where a model beat "
-                "every probe)",
+                "`peak_probe` (`theoretical` or the probe), `fraction_of_peak` (at most 1; null with "
+                "`peak_exceeded: true` where a model beat a probe)",
             ),
         ],
     ),
@@ -256,6 +284,11 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("headline.final", "the shipped stage's name"),
             ("headline.final_p50_ms", "the final artifact's p50 by batch"),
             ("headline.reference_p50_ms", "the reference's p50 by batch"),
+            (
+                "plan",
+                "the last plan stage's record (as its row's `plan`): which levers were measured, what each gave and "
+                "cost, and what was kept; null without a plan stage",
+            ),
             ("target", "what was asked and whether it was met"),
             ("target.backend", "the runtime of the target"),
             ("target.batch", "its batch"),

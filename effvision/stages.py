@@ -10,6 +10,7 @@ config, validated the same way."""
 
 from pydantic import create_model
 
+from .compression import plan as _plan  # noqa: F401  (registers plan)
 from .compression import qat_stage as _qat  # noqa: F401  (registers qat)
 from .compression import stages as _compress  # noqa: F401  (registers select, prune, distill, quantize)
 from .deploy import stages as _deploy  # noqa: F401  (registers export, evaluate, bench)
@@ -24,14 +25,15 @@ def _typed(kind: str):
 
 
 # Every stage type in the order a recipe runs them (the reference docs list them so).
-IN_PIPELINE_ORDER = ("select", "train", "prune", "distill", "quantize", "qat", "export", "evaluate", "bench")
-Select, Train, Prune, Distill, Quantize, Qat, Export, Evaluate, Bench = (_typed(k) for k in IN_PIPELINE_ORDER)
+IN_PIPELINE_ORDER = ("select", "train", "plan", "prune", "distill", "quantize", "qat", "export", "evaluate", "bench")
+Select, Train, Plan, Prune, Distill, Quantize, Qat, Export, Evaluate, Bench = (_typed(k) for k in IN_PIPELINE_ORDER)
 
 __all__ = [
     "load_recipe",
     "validate_recipe",
     "Select",
     "Train",
+    "Plan",
     "Prune",
     "Distill",
     "Quantize",

@@ -99,9 +99,9 @@ def test_backward_names_a_parameter_without_gradient(tmp_path):
 def test_unknown_model_suggests():
     with pytest.raises(ValueError, match="did you mean 'cifar_resnet8'"):
         create_model("cifar_resnt8")
-    with pytest.raises(ValueError, match="did you mean 'mobilenetv3_small_100'"):
+    with pytest.raises(ValueError, match="did you mean 'timm:mobilenetv3_small_100'"):
         create_model("timm:mobilenetv3_smal_100")
-    with pytest.raises(ValueError, match="did you mean 'resnet18'"):
+    with pytest.raises(ValueError, match="did you mean 'torchvision:resnet18'"):
         create_model("torchvision:resnet_18")
 
 

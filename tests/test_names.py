@@ -56,3 +56,10 @@ def test_a_recipe_says_an_unknown_name_before_its_run_folder_exists(command, key
     code, _, err = run(capsys, command, str(path), "--run-dir", str(tmp_path / "run"))
     assert_one_line_error(code, err, *said)
     assert not (tmp_path / "run").exists()
+
+
+def test_export_says_an_unknown_dataset_first(tmp_path, capsys):
+    out = tmp_path / "m.onnx"
+    code, _, err = run(capsys, "export", "cifar_resnet8_100.digits", "--data", "digit", "--out", str(out))
+    assert_one_line_error(code, err, "unknown dataset 'digit'", "did you mean 'digits'")
+    assert not out.exists()

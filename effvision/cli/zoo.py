@@ -129,12 +129,15 @@ def zoo_publish(
     stage: str = typer.Option(..., help="The stage whose model to publish (unpruned, e.g. baseline)."),
     card: Optional[str] = typer.Option(None, help="The zoo card (default: the model name the run used)."),
     write: bool = typer.Option(False, "--write", help="Write the trained: block into the card file (else print it)."),
+    half: bool = typer.Option(
+        False, "--half", help="Store floating tensors as float16 (half the file; loaded back into float32)."
+    ),
 ):
     """Save a run stage's weights next to its zoo card (safetensors + sha256) with the accuracy, recipe and command."""
     from .. import yamlio
     from ..zoo.publish import append_trained_block, publish
 
-    path, block = publish(run_dir, stage, card)
+    path, block = publish(run_dir, stage, card, half)
     name = card or path.stem
     if write:
         print(f"wrote {path} and the trained: block of {append_trained_block(name, block)}")

@@ -8,6 +8,7 @@ import copy
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -50,6 +51,10 @@ class Aim:
     device: torch.device
     warmup: int = 5
     repeats: int = 40
+    # fp32 file -> the file that ships (the plan's int8): candidates are timed in the precision that
+    # ships, against the fp32 reference; None: they ship, and are timed, in fp32
+    ship: Callable[[Path], Path] | None = None
+    reference_shape: list[int] | None = None  # the reference's input, where a plan lowered the candidates'
     first_reference_ms: float | None = None
     _work: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     _count: int = 0
@@ -57,9 +62,10 @@ class Aim:
     def __post_init__(self):
         self.device = target_device(self.target.backend, self.device)
         self.reference = copy.deepcopy(self.reference).cpu().eval()
-        self._ref = self._artifact(self.reference, "reference")
+        self.reference_shape = list(self.reference_shape or self.shape)
+        self._ref = self._artifact(self.reference, "reference", self.reference_shape)
 
-    def _artifact(self, model: nn.Module, name: str):
+    def _artifact(self, model: nn.Module, name: str, shape: list[int] | None = None):
         from ..deploy.backends import backend
         from ..deploy.exporters import export_for_backend
 
@@ -68,7 +74,8 @@ class Aim:
             return model
         work = Path(self._work.name) / name
         work.mkdir(parents=True, exist_ok=True)
-        return export_for_backend(model, takes, "fp32", work, self.shape, batch=self.target.batch)[0]
+        path = export_for_backend(model, takes, "fp32", work, shape or self.shape, batch=self.target.batch)[0]
+        return path if self.ship is None or name == "reference" else self.ship(path)
 
     def prepared(self, model: nn.Module):
         """The model as the target backend runs it (its exported file, for a backend that runs
@@ -81,9 +88,10 @@ class Aim:
         target batch, timed interleaved in one run, keyed by name ("reference" for the reference)."""
         from ..deploy.bench import compare
 
-        targets = {"reference": (self._ref, "fp32")}
+        targets = {"reference": (self._ref, "fp32", self.reference_shape)}
+        precision = "fp32" if self.ship is None else "int8"
         for name, model in models.items():
-            targets[name] = (self.prepared(model) if isinstance(model, nn.Module) else model, "fp32")
+            targets[name] = (self.prepared(model) if isinstance(model, nn.Module) else model, precision, self.shape)
         rows = compare(
             targets,
             self.shape,

@@ -214,8 +214,11 @@ def search_int8(
     top1: Callable[[Path], float],
     rank_samples: np.ndarray,
     float_nodes: set[str] = frozenset(),
+    reference_accuracy: float | None = None,
 ) -> Int8Result:
-    """The int8 file to ship at dst (or the fp32 file, when int8 does not pay), with every decision."""
+    """The int8 file to ship at dst (or the fp32 file, when int8 does not pay), with every decision.
+    max_drop is measured from `reference_accuracy` (the uncompressed model's, when a target's floor
+    is held across stages), else from the fp32 file's."""
     work = dst.parent / "int8-search"
     work.mkdir(exist_ok=True)
     float_nodes = set(float_nodes)
@@ -227,8 +230,11 @@ def search_int8(
     candidate = builder.write(work / "int8.onnx", float_nodes)
     if max_drop is not None:
         fp32_acc, int8_acc = top1(fp32), top1(candidate)
+        if reference_accuracy is not None:
+            fp32_acc = reference_accuracy  # the floor's: what the uncompressed model scored
         search = {
             "max_drop": max_drop,
+            "measured_from": "the uncompressed model" if reference_accuracy is not None else "the fp32 file",
             "fp32_accuracy": fp32_acc,
             "int8_accuracy": int8_acc,
             "ranking": [],

@@ -6,7 +6,7 @@ import copy
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -147,11 +147,29 @@ def run_prune(ctx, cfg: PruneConfig) -> StageResult:
         extra["sparsity"] = train_sparse(ctx, model, teacher, cfg)
     if target is not None:
         from ..deploy.reference import reference_model
-        from .target_prune import prune_to_target
+        from .plan import plan_of, shipping
+        from .target_prune import floor_and_target, prune_to_target
 
-        aimed = prune_to_target(ctx, target, cfg, teacher, reference_model(ctx) or teacher)
+        plan = plan_of(ctx)
+        if plan is not None and not plan["prune"]:
+            log(
+                f"  the plan's levers meet the target ({plan['kept']['lever']}, {plan['kept']['speedup']}x): "
+                "nothing pruned"
+            )
+            aim = {"met_by_plan": plan["kept"], "met": True}
+            if ctx.student_size is not None:  # a lower input size recovers by distillation from the full-size model
+                label = f"{cfg.name} recovery at {ctx.student_size} px"
+                extra["finetune_features"] = finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.epochs, label)
+            return ctx.torch_result(model, extra={**extra, "target": target.model_dump(), "aim": aim})
+        ship, score = shipping(ctx, plan)
+        aimed, model = prune_to_target(ctx, target, cfg, teacher, reference_model(ctx) or teacher, ship, score)
         extra["finetune_features"] = aimed.pop("finetune_features", None)
-        return ctx.torch_result(model, extra={**extra, "target": target.model_dump(), "aim": aimed})
+        if plan is not None:
+            aimed["precision"] = plan["kept"]["precision"]
+            aimed["remainder"] = plan["remainder"]
+        result = ctx.torch_result(model, extra={**extra, "target": target.model_dump(), "aim": aimed})
+        floor_and_target(ctx, plan, aimed)  # one line, the stage kept, where they cannot both be met
+        return result
     between = None
     if gradual:
 
@@ -194,7 +212,7 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
     model = ctx.model
     res = fit(
         model,
-        ctx.data,
+        ctx.full_data,  # the teacher sees the data's own size; the model, the size a plan kept
         cfg,
         ctx.device,
         seed=ctx.seed,
@@ -202,6 +220,7 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
         distill=cfg,
         label=cfg.name,
         checkpoint=ctx.epoch_checkpoint(cfg.name, cfg.checkpoint_every),
+        student_size=ctx.student_size,
     )
     return ctx.torch_result(
         model,
@@ -235,6 +254,7 @@ class SpeedCheckSettings(Strict):
 
 class QuantizeConfig(SpeedCheckSettings, StageConfig):
     type: Literal["quantize"] = "quantize"
+    reads_recipe_target: ClassVar[bool] = True  # its floor: the target's max_drop, without one of its own
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="{selector, n}: the samples that calibrate activations"
     )
@@ -289,6 +309,31 @@ def _samples(loader, n: int) -> np.ndarray:
     return np.concatenate(xs)[:n]
 
 
+def floor_of(ctx, own: float | None) -> tuple[float | None, float | None]:
+    """The largest top-1 loss an int8 step may take, and the accuracy it is measured from: the
+    stage's own max_drop against the file it quantizes; else the recipe target's floor against the
+    uncompressed model (scored here, as an fp32 ONNX file, on the validation split), so that
+    pruning's loss and int8's together hold it."""
+    import tempfile
+
+    from ..deploy import evaluate
+    from ..deploy.onnx_export import export_onnx
+    from ..deploy.reference import reference_model
+
+    target = ctx.recipe.target
+    if own is not None or target is None or target.max_drop is None:
+        return own, None
+    reference = reference_model(ctx)
+    if reference is None:  # nothing compressed before: the file quantized is the uncompressed model
+        return target.max_drop, None
+    with tempfile.TemporaryDirectory() as tmp:
+        accuracy = evaluate(
+            export_onnx(reference, Path(tmp) / "reference.onnx", ctx.full_input_shape), ctx.full_data.val_loader()
+        )
+    log(f"  int8 holds the target's floor: at most {target.max_drop} below the uncompressed model's {accuracy:.4f}")
+    return target.max_drop, accuracy
+
+
 @register_stage("quantize", QuantizeConfig)
 def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
     """Static int8 (ONNX Runtime QDQ, U8S8, per-channel) that keeps its accuracy (max_drop) and
@@ -305,6 +350,7 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
         src = export_onnx(ctx.model, ctx.stage_dir / "fp32.onnx")
     calib = ctx.calibration_loader(cfg.calibration)
     timing = speed_timing(ctx, cfg) if cfg.require_faster or cfg.speed_aware else None
+    max_drop, from_accuracy = floor_of(ctx, cfg.max_drop)
     with tempfile.TemporaryDirectory() as tmp:
         builder = Int8Builder(src, calib, tmp, cfg.method, cfg.per_channel, cfg.reduce_range)
         unknown = sorted(set(cfg.exclude) - {n.name for n in builder.nodes})
@@ -317,10 +363,11 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
             timing,
             cfg.speed_aware,
             cfg.require_faster,
-            cfg.max_drop,
+            max_drop,
             lambda path: evaluate(path, ctx.data.val_loader()),
-            _samples(calib, cfg.rank_samples) if cfg.max_drop is not None else None,
+            _samples(calib, cfg.rank_samples) if max_drop is not None else None,
             set(cfg.exclude),
+            from_accuracy,
         )
     shutil.rmtree(ctx.stage_dir / "int8-search", ignore_errors=True)
     decided_at = None

@@ -6,6 +6,8 @@ corrects the latency model for the next step, and the stage's answer is the last
 
 from __future__ import annotations
 
+import copy
+
 from pydantic import Field
 
 from ..errors import EffvisionError
@@ -53,11 +55,24 @@ class TargetPruneSettings(Strict):
 EXTRA_STEPS = 3  # steps after the planned ones while the measured model still misses the target
 
 
-def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference) -> dict:
-    """Prune ctx.model in place toward `target` (cfg: the PruneConfig; teacher: the model entering
-    the stage, distilled from); returns the stage's record."""
+def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference, ship=None, score=None) -> tuple[dict, object]:
+    """Prune ctx.model toward `target` (cfg: the PruneConfig; teacher: the model entering the
+    stage, distilled from); returns the stage's record and the pruned model. After a plan stage,
+    `ship` makes the file that ships from a candidate's fp32 file (candidates are timed so against
+    the fp32 reference) and `score` scores a model on the plan's held-out images against the floor
+    (max_drop): a step that breaks it is undone and the steps stop; a final model that breaks it is
+    one line naming the best file on each side."""
     model = ctx.model
-    aim = Aim(target, reference, ctx.input_shape, ctx.device, cfg.aim.warmup, cfg.aim.repeats)
+    aim = Aim(
+        target,
+        reference,
+        ctx.input_shape,
+        ctx.device,
+        cfg.aim.warmup,
+        cfg.aim.repeats,
+        ship=ship,
+        reference_shape=ctx.full_input_shape,
+    )
     try:
         first = aim.measure(model)
         goal = aim.goal_ms(cfg.aim.margin)
@@ -68,7 +83,7 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference) -> dict:
         record = {"target_ms": round(aim.goal_ms(), 4), "start": first, "steps": []}
         if aim.met(first):
             log("  the model already meets the target: nothing pruned")
-            return {**record, "final": first, "met": True}
+            return {**record, "final": first, "met": True}, model
         lat, groups, original, multiple = measured_latency_model(
             model, ctx.input_shape, aim, first, cfg, record, lambda m: _untrained_accuracy(ctx, m)
         )
@@ -82,7 +97,16 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference) -> dict:
                 step_goal = lat.predict(layer_widths(model)) - (ms - goal)
             else:  # planned steps: equal slices of the way to the goal
                 step_goal = start - (start - goal) * k / cfg.aim.steps
+            before = copy.deepcopy(model) if score is not None and cfg.finetune.step_epochs > 0 else None
             last = _step(ctx, cfg, model, teacher, aim, lat, original, multiple, step_goal, k, record)
+            if before is not None:  # a step's recovered accuracy is what the floor is held against
+                held = score(model)
+                record["steps"][-1]["floor"] = held
+                if not held["held"]:
+                    log(f"  step {k} lost {100 * held['drop']:.2f} points, past the floor: undone, no further step")
+                    model, last = before, record["steps"][-2] if len(record["steps"]) > 1 else first
+                    record["steps"][-1]["undone"] = True
+                    break
         label = f"{cfg.name} distill"
         record["finetune_features"] = finetune(ctx, model, teacher, cfg.finetune, cfg.finetune.epochs, label)
         record["widths"] = {r: [original[r], w] for r, w in group_widths(model, groups).items() if w < original[r]}
@@ -93,7 +117,14 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference) -> dict:
             f"  measured {final['ms']:.3f} ms against the reference's {final['reference_ms']:.3f} ms: "
             f"{final['speedup']}x, target {'met' if met else 'not met'}"
         )
-        return {**record, "final": final, "met": met}
+        record.update(final=final, met=met)
+        if score is not None:
+            record["floor"] = score(model)
+            log(
+                f"  on the plan's held-out images: top-1 {record['floor']['top1']:.4f} "
+                f"({-100 * record['floor']['drop']:+.2f} points)"
+            )
+        return record, model
     finally:
         aim.close()
 
@@ -224,3 +255,21 @@ def _step(ctx, cfg, model, teacher, aim: Aim, lat, original, multiple: int, step
     )
     log(f"  step {k}: predicted {predicted:.3f} ms, measured {m['scaled_ms']:.3f} ms ({m['speedup']}x)")
     return m
+
+
+def floor_and_target(ctx, plan: dict | None, aimed: dict) -> None:
+    """Where pruning broke the floor, the target and the floor cannot both be met here: one line
+    with the best file found on each side (the plan's fastest lever within the floor; this stage's
+    pruned model), the floor named as what bound. The stage's model is kept in its folder."""
+    floor = aimed.get("floor")
+    if plan is None or floor is None or floor["held"]:
+        return
+    kept = next(lv for lv in plan["levers"] if lv["lever"] == plan["kept"]["lever"])
+    raise EffvisionError(
+        f"prune: the target {plan['goal_speedup']:.2f}x and the floor max_drop {plan['max_drop']} cannot both be met "
+        f"here (the floor bound): within the floor, {kept['file']} ({kept['lever']}, {kept['speedup']:.2f}x, "
+        f"{-100 * kept['cost']:+.2f} points on held-out images); toward the target, "
+        f"{ctx.rel(ctx.stage_dir / 'model.pt')} "
+        f"({aimed['final']['speedup']:.2f}x as {plan['kept']['precision']}, {-100 * floor['drop']:+.2f} points); "
+        "earlier stages are kept"
+    )

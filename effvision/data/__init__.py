@@ -187,6 +187,27 @@ class DatasetBundle:
             num_workers=self.config.num_workers,
         )
 
+    def held_out_loader(self, n: int, seed: int = 0, batch_size: int | None = None) -> tuple[DataLoader, str]:
+        """Up to n images of the training split that this run does not train on (outside
+        max_train_samples or a selected coreset), stratified, with evaluation transforms, and where
+        they came from. Where the run trains on the whole split none is held out: n of its images,
+        and the description says so."""
+        root, used = _root_indices(self.train)
+        rest = sorted(set(range(len(root))) - set(used))
+        pool, where = (
+            (rest, f"{{n}} training images this run holds out (of {len(rest)})")
+            if rest
+            else (used, "{n} training images (the run trains on the whole split: none held out)")
+        )
+        picked = stratified_subset(Subset(root, pool), n, seed)
+        loader = DataLoader(
+            _Transformed(picked, self.eval_tf),
+            batch_size=batch_size or self.config.eval_batch_size,
+            shuffle=False,
+            num_workers=self.config.num_workers,
+        )
+        return loader, where.format(n=len(picked))
+
     def with_train_subset(self, indices: Sequence[int], weights: Optional[Sequence[float]] = None) -> "DatasetBundle":
         """This bundle training on a subset of its training split (a selected coreset)."""
         w = None if weights is None else torch.as_tensor(weights, dtype=torch.float32)
@@ -209,6 +230,14 @@ class DatasetBundle:
         if self.modality == "points":
             return point_eval_transform
         return eval_transform(c.image_size, c.mean, c.std, interpolation=c.interpolation)
+
+
+def _root_indices(ds: Dataset) -> tuple[Dataset, list[int]]:
+    """The dataset under any Subsets, and the indices into it that `ds` holds."""
+    idx = list(range(len(ds)))
+    while isinstance(ds, torch.utils.data.Subset):
+        idx, ds = [ds.indices[i] for i in idx], ds.dataset
+    return ds, idx
 
 
 def _parent(ds: Dataset) -> Dataset:

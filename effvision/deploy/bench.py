@@ -98,7 +98,7 @@ def add_roofline(row: dict, macs: int | None, roofline: Roofline | None) -> dict
     row.update(flops_per_sample=flops, achieved_flops_per_s=achieved)
     peak = roofline.peak(row["precision"], at_least=achieved) if roofline else None
     if peak and not _divide_by_peak(row, peak):
-        # Only a probe or a nominal clock can be beaten: no share above 100%, one line on why
+        # A probe can be beaten (a theoretical peak cannot): no share above 100%, one line on why
         print(
             f"effvision: {row['backend']} {row['precision']} batch {row['batch']} achieved "
             f"{achieved / 1e9:.1f} GFLOP/s, above the {peak['precision']} ceiling of "
@@ -191,15 +191,17 @@ def compare(
     rounds: int = 10,
     threads: int | None = None,
 ) -> list[dict]:
-    """Targets on one backend, side by side: each (file or model, precision) loaded once, then
-    timed interleaved (measure_interleaved) per batch. One row per target and batch, with
-    `target`; e.g. {"reference": ("fp32.onnx", "fp32"), "final": ("int8.onnx", "int8")}."""
+    """Targets on one backend, side by side: each (file or model, precision[, its own input shape])
+    loaded once, then timed interleaved (measure_interleaved) per batch. One row per target and
+    batch, with `target`; e.g. {"reference": ("fp32.onnx", "fp32"), "final": ("int8.onnx", "int8")}."""
     device = resolve_device(device) if isinstance(device, str) else device
     loaded = {
-        name: check_pair(backend, precision, device).load(
-            target, shape, BenchOptions(device=device, precision=precision, threads=threads, side_by_side=True)
+        name: check_pair(backend, spec[1], device).load(
+            spec[0],
+            list(spec[2]) if len(spec) > 2 else shape,
+            BenchOptions(device=device, precision=spec[1], threads=threads, side_by_side=True),
         )
-        for name, (target, precision) in targets.items()
+        for name, spec in targets.items()
     }
     rows = []
     for b in batches:

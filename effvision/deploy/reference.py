@@ -69,10 +69,11 @@ def prepare_reference(ctx, device) -> Reference | None:
     ref = Reference(kind, deployment_backend(kind, device), load_checkpoint(path), first["name"], final)
     log(f"  reference: the model entering '{first['name']}', {_WHAT[kind]} on {ref.backend}")
     if kind == "onnx":
-        ref.onnx = export_onnx(ref.model, ctx.stage_dir / "reference.onnx", ctx.input_shape)
-        ref.accuracy, ref.size_bytes = evaluate(ref.onnx, ctx.data.val_loader()), ref.onnx.stat().st_size
+        # at the data's own input size, where a plan stage lowered the compressed model's
+        ref.onnx = export_onnx(ref.model, ctx.stage_dir / "reference.onnx", ctx.full_input_shape)
+        ref.accuracy, ref.size_bytes = evaluate(ref.onnx, ctx.full_data.val_loader()), ref.onnx.stat().st_size
     else:  # a .pte program runs one batch size: its accuracy is the PyTorch model's, as its export was verified
-        ref.accuracy, ref.size_bytes = evaluate(ref.model, ctx.data.val_loader()), path.stat().st_size
+        ref.accuracy, ref.size_bytes = evaluate(ref.model, ctx.full_data.val_loader()), path.stat().st_size
         # (for a .pte, time_against_final replaces the size with the program's, at the latency batch)
     return ref
 

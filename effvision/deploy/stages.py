@@ -177,8 +177,12 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
     roofline = Roofline(device) if cfg.roofline else None
     ref = prepare_reference(ctx, device) if cfg.reference else None
     measurements, files = [], {}  # files: backend -> {name: (path, precision, macs)}, timed together
+
+    def shape_of(stage: str) -> list[int]:  # a stage after a plan that lowered the input size takes that size
+        return ctx.records_by_name.get(stage, {}).get("input_size") or ctx.full_input_shape
+
     for stage, kind, artifact in ctx.artifacts_to_bench(cfg.targets):
-        macs = count_macs(artifact, ctx.input_shape) if kind == "model" else ctx.records_by_name[stage].get("macs")
+        macs = count_macs(artifact, shape_of(stage)) if kind == "model" else ctx.records_by_name[stage].get("macs")
         for backend in (b for b in cfg.backends if b in _RUNS[kind]):
             if BACKENDS.get(backend).missing() or device.type not in BACKENDS.get(backend).supports:
                 continue
@@ -194,7 +198,7 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
             for precision in precisions:
                 rows = benchmark(
                     artifact,
-                    ctx.input_shape,
+                    shape_of(stage),
                     backend,
                     precision,
                     batches,
@@ -212,11 +216,14 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
         shipped = ref.final["name"]
         timed = files.setdefault(ref.backend, {})
         timed.setdefault(shipped, (ctx.run_dir / ref.final["artifacts"]["onnx"], None, ref.final.get("macs")))
-        timed[NAME] = (ref.onnx, "fp32", count_macs(ref.model, ctx.input_shape))
+        timed[NAME] = (ref.onnx, "fp32", count_macs(ref.model, ctx.full_input_shape))
     for backend, targets in files.items():
         on = device if device.type in BACKENDS.get(backend).supports else torch.device("cpu")
         rows = compare(
-            {n: (path, precision or onnx_precision(path)) for n, (path, precision, _) in targets.items()},
+            {
+                n: (path, precision or onnx_precision(path), ctx.full_input_shape if n == NAME else shape_of(n))
+                for n, (path, precision, _) in targets.items()
+            },
             ctx.input_shape,
             backend,
             cfg.batches,

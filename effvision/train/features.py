@@ -153,6 +153,8 @@ class FeatureDistiller(nn.Module):
         s, total = self.settings, 0.0
         for n, adapter in zip(self.layers, self.adapters, strict=True):
             f_s, f_t = self._student.pop(n), self._teacher.pop(n).detach().float()
+            if f_s.dim() == 4 and f_s.shape[2:] != f_t.shape[2:]:  # a student at a lower input size
+                f_s = nn.functional.interpolate(f_s, size=f_t.shape[2:], mode="bilinear", align_corners=False)
             if s.method in ("fitnet", "both"):
                 total = total + s.weight * _per_sample((adapter(f_s.float()) - f_t).pow(2), batch)
             if s.method in ("attention", "both"):

@@ -321,8 +321,12 @@ def fit(
     on_batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
     after_backward: Callable[[], None] | None = None,
     checkpoint: EpochCheckpoint | None = None,
+    student_size: int | None = None,
 ) -> FitResult:
     """Train model in place on data (a DatasetBundle); evaluates on val after every epoch.
+
+    With student_size (an input size a plan stage lowered the model to), the model sees every
+    batch, training and validation, resized to it, while the teacher sees the data's own size.
 
     With a teacher, the loss is distillation's (distill: temperature, alpha, and with features
     also the intermediate features' loss, features.py). Samples are weighted by
@@ -394,7 +398,7 @@ def fit(
         inputs: torch.Tensor, targets: torch.Tensor, grad: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.set_grad_enabled(grad):
-            out = step_fn(inputs)
+            out = step_fn(resize(inputs, student_size, memory))
             if teacher is None:
                 return out, F.cross_entropy(out, targets, label_smoothing=s.label_smoothing, reduction="none")
             with torch.no_grad():
@@ -405,7 +409,11 @@ def fit(
             return out, loss if features is None else loss + features.loss(len(inputs))
 
     def evaluate(net_to_eval: nn.Module) -> float:
-        predict = torch_predictor(net_to_eval, device, s.channels_last)
+        at_size = torch_predictor(net_to_eval, device, s.channels_last)
+
+        def predict(x: torch.Tensor) -> torch.Tensor:
+            return at_size(resize(x, student_size, torch.contiguous_format))
+
         return accuracy(mirror_averaged(predict) if s.tta_flip else predict, val_loader)
 
     def train_seconds() -> float:
