@@ -9,7 +9,9 @@ at 112 px and nothing at 80). Every file is timed interleaved with the reference
 ONNX file at its own size) on the target's backend and batch, and scored on training images the
 run holds out. The plan keeps the combination that meets the target (with the aim's margin) at the
 least accuracy; else the fastest one within the floor, and pruning is left the remainder, timed in
-the precision the plan ships. An input size is scored as the model is, before any recovery."""
+the precision the plan ships. A lower input size is scored as a pruning candidate is: batch-norm
+statistics recomputed at that size, before any training (the distillation that follows recovers
+more)."""
 
 from __future__ import annotations
 
@@ -78,6 +80,24 @@ def _scorer(loader):
     return top1
 
 
+def _at_size(ctx, size: int, full: int):
+    """The model as a lower input size would start from it: a copy with its batch-norm statistics
+    recomputed on training images at that size (no training; how pruning candidates are scored
+    too). The model itself keeps its own: it is the teacher of what follows."""
+    import copy
+
+    from torch.optim.swa_utils import update_bn
+
+    from .finetune import training_order
+
+    if size == full:
+        return ctx.model
+    model = copy.deepcopy(ctx.model)
+    picked = sorted(training_order(len(ctx.data.train))[:1024].tolist())
+    update_bn(_resized(ctx.data.train_eval_loader(picked, batch_size=128), size), model, ctx.device)
+    return model.eval()
+
+
 def _check_sizes(sizes: list[int], full: int, modality: str) -> None:
     if sizes and modality != "image":
         raise EffvisionError(f"plan: target.resolutions applies to images, not {modality}; earlier stages are kept")
@@ -127,7 +147,7 @@ def run_plan(ctx, cfg: PlanConfig) -> StageResult:
     work.mkdir(exist_ok=True)
     sizes = [full] + [r for r in target.resolutions if r < full]
     at = {r: [*shape[:-2], r, r] for r in sizes}  # the input shape at each size
-    fp32 = {r: export_onnx(ctx.model, work / f"fp32-{r}.onnx", at[r]) for r in sizes}
+    fp32 = {r: export_onnx(_at_size(ctx, r, full), work / f"fp32-{r}.onnx", at[r]) for r in sizes}
     files = {f"fp32@{r}": (fp32[r], "fp32", at[r]) for r in sizes}
     int8_record = None
     if cfg.int8 and target.backend == INT8_BACKEND:
