@@ -71,7 +71,11 @@ class TargetConfig(Strict):
 
     backend: str = Field("onnxruntime-cpu", description="where the artifact runs: onnxruntime-cpu, torch-eager, ...")
     batch: int = Field(1, gt=0, description="the batch size the latency is measured at")
-    speedup: Optional[float] = Field(None, description="times faster than the uncompressed fp32 reference, > 1")
+    speedup: Optional[float] = Field(
+        None,
+        description="times faster than the uncompressed fp32 reference, > 1 (with neither this nor latency_ms: the "
+        "fastest file within max_drop)",
+    )
     latency_ms: Optional[float] = Field(None, gt=0, description="instead of speedup: the median latency to reach")
     max_drop: Optional[float] = Field(None, ge=0, lt=1, description="largest accepted top-1 loss (absolute)")
     resolutions: list[int] = Field(
@@ -96,9 +100,18 @@ class TargetConfig(Strict):
 
     @model_validator(mode="after")
     def _one_goal(self):
-        if (self.speedup is None) == (self.latency_ms is None):
+        if self.speedup is not None and self.latency_ms is not None:
             raise ValueError("give exactly one of speedup (e.g. 2.0) and latency_ms")
+        if self.speedup is None and self.latency_ms is None and self.max_drop is None:
+            raise ValueError(
+                "give exactly one of speedup (e.g. 2.0) and latency_ms, or max_drop alone (the fastest file within it)"
+            )
         return self
+
+    @property
+    def floor_only(self) -> bool:
+        """No speed asked: the fastest file within max_drop."""
+        return self.speedup is None and self.latency_ms is None
 
 
 class Recipe(Strict):

@@ -128,6 +128,8 @@ def target_summary(target: dict | None, headline: dict | None, records: list[dic
     fast = (
         measured["ms"] <= target["latency_ms"]
         if target.get("latency_ms") is not None
+        else True  # no speed asked: the fastest file within max_drop
+        if target.get("speedup") is None
         else measured["speedup"] >= target["speedup"]
     )
     drop, delta = target.get("max_drop"), measured["accuracy_delta"]
@@ -148,7 +150,13 @@ def target_line(report: dict) -> str | None:
         return None
     if t.get("measured_speedup") is None:
         return f"Target: not measured ({t['measured_by']})."
-    goal = f"{t['latency_ms']} ms" if t.get("latency_ms") is not None else f"{t['speedup']}x"
+    goal = (
+        f"{t['latency_ms']} ms"
+        if t.get("latency_ms") is not None
+        else "the fastest file within max_drop"
+        if t.get("speedup") is None
+        else f"{t['speedup']}x"
+    )
     acc = (
         f", top-1 {100 * t['accuracy_delta']:+.2f} points"
         + (f" (max drop {100 * t['max_drop']:.2f})" if t.get("max_drop") is not None else "")
@@ -319,9 +327,10 @@ def plan_lines(plan: dict | None) -> list[str]:
     if not plan:
         return []
     floor = "no floor" if plan["max_drop"] is None else f"floor {100 * plan['max_drop']:.2f} points"
+    goal = "the fastest file" if plan["goal_speedup"] is None else f"{plan['goal_speedup']:.2f}x"
     out = [
         "",
-        f"Plan for {plan['goal_speedup']:.2f}x on {plan['backend']} at batch {plan['batch']} ({floor}), levers "
+        f"Plan for {goal} on {plan['backend']} at batch {plan['batch']} ({floor}), levers "
         f"timed against the uncompressed model's fp32 file ({plan['timed']}), scored on {plan['scored_on']}:",
         "",
         "| lever | p50 ms | speed-up | top-1 (held out) | cost, points | kept |",
@@ -336,7 +345,13 @@ def plan_lines(plan: dict | None) -> list[str]:
             f"| {lv['lever']} | {lv['p50_ms']:.3f} | {lv['speedup']:.2f}x | {lv['top1']:.4f} | "
             f"{100 * lv['cost']:.2f} | {'kept' if lv.get('kept') else ''} |"
         )
-    left = "nothing is pruned" if not plan["prune"] else f"pruning aims at the remaining {plan['remainder']:.2f}x"
+    left = (
+        "nothing is pruned"
+        if not plan["prune"]
+        else "pruning goes on while the floor holds"
+        if plan["remainder"] is None
+        else f"pruning aims at the remaining {plan['remainder']:.2f}x"
+    )
     return [*out, "", f"Kept {plan['kept']['lever']}: {plan['why']}; {left}."]
 
 

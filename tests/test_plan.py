@@ -6,6 +6,7 @@ model; pruning aims only at the remainder, in the precision that ships)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import onnxruntime as ort
 import pytest
@@ -144,3 +145,62 @@ def test_a_target_and_a_floor_that_cannot_both_be_met_name_the_best_file_on_each
     assert "cannot both be met" in line and "the floor bound" in line and "\n" not in line
     assert "stages/1-plan/levers/int8-32.onnx (int8@32, 2.20x" in line and "stages/2-prune/model.pt (3.10x" in line
     floor_and_target(ctx, plan, {**aimed, "floor": {**aimed["floor"], "held": True}})  # held: nothing said
+
+
+def test_a_floor_alone_asks_for_the_fastest_file_within_it():
+    from effvision.recipe import RecipeError
+    from effvision.stages import load_recipe
+
+    # no speed goal: the plan keeps the fastest lever within the floor and pruning goes on
+    levers = [lever("fp32@32", 1.0, 0.0), lever("int8@32", 2.2, 0.002), lever("int8@24", 3.6, 0.012)]
+    kept, meets, why = choose(levers, None, 0.01, 0.05)
+    assert kept["lever"] == "int8@32" and not meets and "while the floor holds" in why
+    raw = {**RECIPE, "target": {"max_drop": 0.01}}
+    raw["stages"] = [dict(s) for s in RECIPE["stages"]]
+    raw["stages"][1] = {"type": "prune", "aim": {"steps": 3}, "finetune": {"step_epochs": 1, "epochs": 1}}
+    assert load_recipe_from(raw, load_recipe).target.floor_only
+    with pytest.raises(RecipeError, match="max_drop alone"):  # nothing asked at all
+        load_recipe_from({**raw, "target": {"backend": "onnxruntime-cpu"}}, load_recipe)
+    with pytest.raises(RecipeError, match="needs a plan stage before prune"):
+        load_recipe_from({**raw, "stages": raw["stages"][1:]}, load_recipe)
+    one_step = [raw["stages"][0], {**raw["stages"][1], "aim": {"steps": 1}}, *raw["stages"][2:]]
+    with pytest.raises(RecipeError, match="aim.steps >= 2 and finetune.step_epochs >= 1"):
+        load_recipe_from({**raw, "stages": one_step}, load_recipe)
+
+
+def load_recipe_from(raw: dict, load_recipe):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "r.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return load_recipe(str(path))
+
+
+@pytest.mark.slow  # two compress runs with step-wise pruning: about 8 min on 2 cores
+def test_the_front_gives_the_fastest_file_within_each_floor(tmp_path, capsys):
+    raw = {**RECIPE, "target": {"batch": 1, "max_drop": 0.02}}
+    raw["stages"] = [dict(s) for s in RECIPE["stages"]]
+    raw["stages"][1] = {
+        "type": "prune",
+        "aim": {"steps": 2, "candidates": 2, "repeats": 20},
+        "finetune": {"step_epochs": 1, "epochs": 1},
+    }
+    recipe = tmp_path / "front.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "front"
+    assert main(["study", "front", str(recipe), "--floors", "0.01,0.03", "--out", str(out)]) == 0
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert [p["floor"] for p in summary["points"]] == [0.01, 0.03]
+    for p in summary["points"]:
+        report = json.loads((Path(p["run_dir"]) / "report.json").read_text())
+        assert report["plan"]["goal_speedup"] is None and report["target"]["speedup"] is None
+        steps = next(s for s in report["stages"] if s["type"] == "prune")["aim"]["steps"]
+        # every step kept held the floor on the held-out images; a step that broke it was undone, the last
+        assert all(s["floor"]["held"] for s in steps if not s.get("undone"))
+        assert [s.get("undone", False) for s in steps].count(True) <= 1 and not any(s.get("undone") for s in steps[:-1])
+        assert p["speedup"] > 1
+    assert "| floor 1 points |" in (out / "front.md").read_text()
+    assert main(["study", "front", str(recipe), "--floors", "1.5"]) == 1
+    assert "--floors 1.5: give top-1 losses in [0, 1)" in capsys.readouterr().err

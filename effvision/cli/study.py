@@ -157,6 +157,29 @@ def study_pareto(
     out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'pareto.md'}, {out_dir / 'pareto.png'}")
 
 
+@app.command("front")
+def study_front(
+    recipe: str = typer.Argument(..., help="A recipe with a `target:` block, a plan stage and a prune stage."),
+    floors: str = typer.Option("0.005,0.01,0.02", help="Comma list of top-1 losses (absolute), each a run."),
+    set_: List[str] = set_option(),
+    out_dir: Optional[Path] = typer.Option(
+        None, "--out", help="Results and run folders (default runs/study-front-<recipe name>); a rerun resumes."
+    ),
+):
+    """The fastest file within each accuracy floor: the recipe once per floor (max_drop alone), every
+    shipped file and the reference timed side by side; writes results.json and front.md."""
+    from ..studies.front import front_study, to_markdown
+
+    try:
+        values = [float(v) for v in csv(floors)]
+    except ValueError:
+        raise EffvisionError(f"--floors {floors}: give top-1 losses, e.g. 0.005,0.01,0.02") from None
+    out_dir = out_dir or Path("runs") / f"study-front-{Path(recipe).stem}"
+    summary = front_study(recipe, set_, values, out_dir)
+    out.print(to_markdown(summary))
+    out.print(f"wrote {out_dir / 'results.json'}, {out_dir / 'front.md'}")
+
+
 def _speedups(value: str) -> list[float]:
     try:
         return [float(v) for v in csv(value)]

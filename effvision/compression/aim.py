@@ -55,6 +55,7 @@ class Aim:
     # ships, against the fp32 reference; None: they ship, and are timed, in fp32
     ship: Callable[[Path], Path] | None = None
     reference_shape: list[int] | None = None  # the reference's input, where a plan lowered the candidates'
+    fastest_ms: float | None = None  # a target with no speed asked aims here (the narrowest widths' latency)
     first_reference_ms: float | None = None
     _work: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     _count: int = 0
@@ -122,10 +123,14 @@ class Aim:
     def goal_ms(self, margin: float = 0.0) -> float:
         """The target on the first reference measurement's scale (an absolute latency_ms as is),
         `margin` faster than asked."""
+        if self.target.floor_only:
+            return self.fastest_ms
         goal = self.target.latency_ms or self.first_reference_ms / self.target.speedup
         return goal / (1 + margin)
 
     def met(self, m: dict) -> bool:
+        if self.target.floor_only:  # no speed asked
+            return True
         if self.target.latency_ms is not None:
             return m["ms"] <= self.target.latency_ms
         return m["speedup"] >= self.target.speedup

@@ -109,12 +109,16 @@ def _check_sizes(sizes: list[int], full: int, modality: str) -> None:
         )
 
 
-def choose(levers: list[dict], goal: float, max_drop: float | None, margin: float) -> tuple[dict, bool, str]:
+def choose(levers: list[dict], goal: float | None, max_drop: float | None, margin: float) -> tuple[dict, bool, str]:
     """The lever (a row of `levers`, the reference among them) the plan keeps, whether it meets
     the goal, and why: the least accuracy lost among those that meet goal x (1 + margin) within the
-    floor, else the fastest within the floor (pruning then aims at the rest)."""
+    floor, else the fastest within the floor (pruning then aims at the rest). No goal: the fastest
+    within the floor, and pruning goes on while the floor holds."""
     floor = float("inf") if max_drop is None else max_drop + 1e-9
     within = [lv for lv in levers if lv["cost"] <= floor]
+    if goal is None:
+        best = max(within, key=lambda lv: (lv["speedup"], -lv["cost"]))
+        return best, False, "the fastest within the floor; pruning goes on while the floor holds"
     meeting = [lv for lv in within if lv["speedup"] >= goal * (1 + margin)]
     if meeting:
         best = min(meeting, key=lambda lv: (lv["cost"], -lv["speedup"]))
@@ -210,10 +214,10 @@ def run_plan(ctx, cfg: PlanConfig) -> StageResult:
                 "file": ctx.rel(path),
             }
         )
-    goal = target.speedup or p50[f"fp32@{full}"] / target.latency_ms
+    goal = None if target.floor_only else target.speedup or p50[f"fp32@{full}"] / target.latency_ms
     kept, meets, why = choose(levers, goal, target.max_drop, cfg.margin)
     kept["kept"] = True
-    remainder = 1.0 if meets else goal / kept["speedup"]
+    remainder = 1.0 if meets else None if goal is None else goal / kept["speedup"]
     for lv in levers:
         log(
             f"  plan: {lv['lever']:>9} {lv['p50_ms']:.3f} ms, {lv['speedup']:.2f}x, top-1 {lv['top1']:.4f} "
@@ -224,7 +228,7 @@ def run_plan(ctx, cfg: PlanConfig) -> StageResult:
     for r in sizes[1:]:
         shutil.rmtree(work / f"int8-work-{r}", ignore_errors=True)
     plan = {
-        "goal_speedup": round(goal, 4),
+        "goal_speedup": None if goal is None else round(goal, 4),
         "max_drop": target.max_drop,
         "backend": target.backend,
         "batch": target.batch,
@@ -233,8 +237,8 @@ def run_plan(ctx, cfg: PlanConfig) -> StageResult:
         "levers": levers,
         "kept": {k: kept[k] for k in ("lever", "precision", "size", "speedup", "cost")},
         "why": why,
-        "remainder": round(remainder, 4),
-        "prune": remainder > 1.0,
+        "remainder": None if remainder is None else round(remainder, 4),
+        "prune": remainder is None or remainder > 1.0,
         "int8": int8_record,
         "method": cfg.method,
         "calibration": cfg.calibration.n,

@@ -122,6 +122,16 @@ class PruneConfig(StageConfig):
     def recipe_problem(self, recipe) -> Optional[str]:
         if self.target is True and recipe.target is None:
             return "target: true, but the recipe has no target block"
+        aimed = self.aimed_target(recipe)
+        if aimed is not None and aimed.floor_only:
+            types = [s.get("type") if isinstance(s, dict) else s.type for s in recipe.stages]
+            if "plan" not in types:
+                return "target: max_drop alone (the fastest file within it) needs a plan stage before prune"
+            if self.finetune.step_epochs < 1 or self.aim.steps < 2:
+                return (
+                    "target: max_drop alone prunes step by step while the floor holds: give aim.steps >= 2 and "
+                    "finetune.step_epochs >= 1 (each step's recovered accuracy is held against the floor)"
+                )
         return None
 
     def aimed_target(self, recipe) -> Optional[TargetConfig]:

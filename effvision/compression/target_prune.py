@@ -75,20 +75,29 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference, ship=Non
     )
     try:
         first = aim.measure(model)
-        goal = aim.goal_ms(cfg.aim.margin)
-        log(
-            f"  target: {aim.goal_ms():.3f} ms on {target.backend} at batch {target.batch} (steps aim at "
-            f"{goal:.3f}); reference {first['reference_ms']:.3f} ms, this model {first['ms']:.3f} ms"
-        )
+        if target.floor_only:  # the narrowest widths' latency, measured below, once reachable is known
+            aim.fastest_ms = first["scaled_ms"]
+            log(f"  no speed asked: steps toward the narrowest widths while the floor max_drop {target.max_drop} holds")
+        else:
+            log(
+                f"  target: {aim.goal_ms():.3f} ms on {target.backend} at batch {target.batch} (steps aim at "
+                f"{aim.goal_ms(cfg.aim.margin):.3f}); reference {first['reference_ms']:.3f} ms, this model "
+                f"{first['ms']:.3f} ms"
+            )
         record = {"target_ms": round(aim.goal_ms(), 4), "start": first, "steps": []}
-        if aim.met(first):
+        if not target.floor_only and aim.met(first):
             log("  the model already meets the target: nothing pruned")
             return {**record, "final": first, "met": True}, model
         lat, groups, original, multiple = measured_latency_model(
             model, ctx.input_shape, aim, first, cfg, record, lambda m: _untrained_accuracy(ctx, m)
         )
+        if target.floor_only:
+            aim.fastest_ms = record["narrowest"]["scaled_ms"]
+            record["target_ms"] = round(aim.fastest_ms, 4)
+        goal = aim.goal_ms(cfg.aim.margin)
         start, last = first["scaled_ms"], first
-        for k in range(1, cfg.aim.steps + EXTRA_STEPS + 1):
+        extra = 0 if target.floor_only else EXTRA_STEPS  # no speed asked: no step past the planned ones
+        for k in range(1, cfg.aim.steps + extra + 1):
             if k > cfg.aim.steps:
                 ms = _confirmed_ms(aim, model, last, goal, record)
                 if ms <= goal:
@@ -265,8 +274,9 @@ def floor_and_target(ctx, plan: dict | None, aimed: dict) -> None:
     if plan is None or floor is None or floor["held"]:
         return
     kept = next(lv for lv in plan["levers"] if lv["lever"] == plan["kept"]["lever"])
+    goal = "speed" if plan["goal_speedup"] is None else f"{plan['goal_speedup']:.2f}x"
     raise EffvisionError(
-        f"prune: the target {plan['goal_speedup']:.2f}x and the floor max_drop {plan['max_drop']} cannot both be met "
+        f"prune: the target {goal} and the floor max_drop {plan['max_drop']} cannot both be met "
         f"here (the floor bound): within the floor, {kept['file']} ({kept['lever']}, {kept['speedup']:.2f}x, "
         f"{-100 * kept['cost']:+.2f} points on held-out images); toward the target, "
         f"{ctx.rel(ctx.stage_dir / 'model.pt')} "
