@@ -12,7 +12,7 @@ from ..fileio import write_text
 from ..recipe import Recipe
 from ..stages import load_recipe
 from .common import Rows, markdown_table
-from .pareto import shipped, time_side_by_side
+from .pareto import reference_accuracy, shipped, time_side_by_side
 
 METHOD = "within floor"
 
@@ -54,14 +54,14 @@ def front_study(recipe_path: str, sets: list[str], floors: list[float], out_dir:
         rows.measure({"method": METHOD, "target": f}, row)
     timing = time_side_by_side(rows.rows, base.target, out_dir)
     p50 = timing["p50_ms"]
-    reference_accuracy = _reference_accuracy(rows.rows)
+    ref_accuracy = reference_accuracy(rows.rows)
     points = [
         {
             "floor": r["target"],
             "speedup": round(p50["reference"] / p50[f"{METHOD} {r['target']:g}x"], 3),
             "latency_ms": p50[f"{METHOD} {r['target']:g}x"],
             "accuracy": r["accuracy"],
-            "drop": None if reference_accuracy is None else round(reference_accuracy - r["accuracy"], 6),
+            "drop": None if ref_accuracy is None else round(ref_accuracy - r["accuracy"], 6),
             "size_bytes": r["size_bytes"],
             "run_dir": r["run_dir"],
         }
@@ -70,22 +70,12 @@ def front_study(recipe_path: str, sets: list[str], floors: list[float], out_dir:
     summary = {
         "backend": timing["backend"],
         "batch": timing["batch"],
-        "reference": {"latency_ms": p50["reference"], "accuracy": reference_accuracy},
+        "reference": {"latency_ms": p50["reference"], "accuracy": ref_accuracy},
         "points": points,
     }
     rows.save(summary=summary)
     write_text(out_dir / "front.md", to_markdown(summary) + "\n")
     return summary
-
-
-def _reference_accuracy(rows: list[dict]) -> float | None:
-    from ..fileio import read_json
-
-    for r in rows:
-        ref = read_json(Path(r["run_dir"]) / "report.json").get("reference")
-        if ref and ref.get("accuracy") is not None:
-            return ref["accuracy"]
-    return None
 
 
 def to_markdown(s: dict) -> str:

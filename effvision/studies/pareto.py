@@ -266,7 +266,7 @@ def summarise(rows: list[dict], timing: dict, target: TargetConfig) -> dict:
         "max_drop": target.max_drop,
         "reference": {
             "latency_ms": ref_ms,
-            "accuracy": _reference_accuracy(rows),
+            "accuracy": reference_accuracy(rows),
             "size_bytes": timing["reference_bytes"],
         },
         "points": points,
@@ -278,7 +278,7 @@ def _matched(row: dict) -> bool:
     return row.get("ratio_search", {}).get("matched", True)  # (rows of earlier runs: matched by the old rule)
 
 
-def _reference_accuracy(rows: list[dict]) -> float | None:
+def reference_accuracy(rows: list[dict]) -> float | None:
     """The reference's top-1 as a run measured it (its bench stage's reference), if any did."""
     for r in rows:
         ref = read_json(Path(r["run_dir"]) / "report.json").get("reference")
