@@ -82,7 +82,7 @@ readme-check:
 	cd $(README_CHECK_DIR) && $(PYTHON) tests/readme_commands.py --run
 
 test: install lint docs
-	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow and not zoo" --durations=12
+	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow and not zoo" --durations=30
 
 # Everything: the conformance sweep over every card and architecture (marker zoo) and the slow
 # tests (those that read ../shared skip without it).

@@ -120,6 +120,7 @@ def _trial(start, run_dir: Path, kill_at: float) -> tuple[dict, dict, dict]:
     return info, before, after
 
 
+@pytest.mark.slow  # a reference run and six killed ones (about a minute on 2 cores): test_resume kills in make test
 def test_runs_killed_at_random_points_resume_to_a_complete_report(launcher, tmp_path, capsys):
     # The reference run, uninterrupted; while it runs, a second pipeline on its folder is refused.
     start = time.perf_counter()

@@ -88,8 +88,8 @@ def fuzz(n: int, seed: int, tmp_path: Path) -> list[dict]:
 
 @needs_shared
 def test_mutated_media_each_get_a_status(tmp_path):
-    rows = fuzz(300, 0, tmp_path)
-    assert len(rows) == 300 and sum(not r["ok"] for r in rows) > 0  # mutations do break files
+    rows = fuzz(100, 0, tmp_path)  # a thousand in make bench, below
+    assert len(rows) == 100 and sum(not r["ok"] for r in rows) > 0  # mutations do break files
 
 
 @pytest.mark.slow  # 1,000 files: about 2 minutes

@@ -181,7 +181,9 @@ def test_budget_end_stops_the_cell_in_flight_and_keeps_the_table(tmp_path):
     assert res["cells"]["pending"] == 0 and cells[0]["status"] == "failed", cells[0]
     assert cells[0]["reason"] == "stopped at the time budget"
     assert all(c["status"] == "skipped" and c["reason"] == "stopped at the time budget" for c in cells[1:])
-    assert res["elapsed_s"] < 6 and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    # ten times the budget: far under the minutes the cell would run unstopped, and room for a
+    # loaded machine
+    assert res["elapsed_s"] < 30 and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
 
 
 def test_suite_skips_cells_predicted_to_overrun(tmp_path, monkeypatch):

@@ -103,6 +103,16 @@ def test_the_plan_is_measured_kept_and_followed(planned):
     assert code in (0, 1)  # the target's verdict is a timing on a shared machine: the report says it
 
 
+def test_every_field_a_planned_run_writes_is_described(planned):
+    # the plan, the target and the aimed prune stage's fields are in the report.json schema
+    from effvision.report_fields import undescribed
+
+    report = json.loads((planned[1] / "report.json").read_text())
+    assert not undescribed(report), (
+        f"report.json fields not described in effvision/report_fields.py: {undescribed(report)}"
+    )
+
+
 @pytest.mark.parametrize(
     "sets,words",
     [

@@ -264,7 +264,7 @@ def valid_recipes(draw) -> dict:
     if len(set(names)) < len(names):  # two unnamed stages of one type: name them all
         for i, s in enumerate(stages):
             s["name"] = f"{s['type']}{i}"
-    return {
+    recipe = {
         "name": draw(st.text(max_size=10)),
         "description": draw(st.text(max_size=10)),
         "seed": draw(st.integers(-(2**31), 2**31)),
@@ -279,6 +279,9 @@ def valid_recipes(draw) -> dict:
             st.dictionaries(st.text(max_size=5), st.dictionaries(key_paths, scalars, max_size=2), max_size=2)
         ),
     }
+    if any(s["type"] == "plan" for s in stages):  # the plan spends the recipe's target: valid only with one
+        recipe["target"] = {"speedup": draw(st.floats(1.01, 100)), "max_drop": draw(st.floats(0, 1))}
+    return recipe
 
 
 def resolve_path(raw, keys: list[str]) -> list:

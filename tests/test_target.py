@@ -121,9 +121,9 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def aimed_run(tmp_path_factory, cache):
+def aimed_recipe(tmp_path_factory, cache):
     """The zoo's trained digits ResNet-8 (0.9917), pruned to 1.4x the fp32 ONNX reference at batch 1
-    in two steps, exported and benchmarked against the reference."""
+    in two steps, exported and benchmarked against the reference: the recipe file."""
     raw = {
         "name": "aimed",
         "data": {"name": "digits", "max_train_samples": 400},
@@ -136,13 +136,20 @@ def aimed_run(tmp_path_factory, cache):
             {"type": "bench", "batches": [1], "repeats": 60},
         ],
     }
-    tmp = tmp_path_factory.mktemp("aimed")
-    recipe = tmp / "aimed.yaml"
+    recipe = tmp_path_factory.mktemp("aimed") / "aimed.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    run = tmp / "run"
-    return main(["compress", str(recipe), "--run-dir", str(run)]), run, recipe
+    return recipe
 
 
+@pytest.fixture(scope="module")
+def aimed_run(aimed_recipe):
+    """The aimed recipe run to its report (make bench: a speed-up measured at the target's edge holds
+    only on a quiet machine, and the run takes 2-7 minutes on 2 cores)."""
+    run = aimed_recipe.parent / "run"
+    return main(["compress", str(aimed_recipe), "--run-dir", str(run)]), run, aimed_recipe
+
+
+@pytest.mark.slow
 def test_latency_aware_prune_meets_a_speedup_target_measured_on_the_shipped_file(aimed_run):
     code, run, _ = aimed_run
     report = json.loads((run / "report.json").read_text())
@@ -185,26 +192,34 @@ def _digest(folder) -> str:
         (["target.latency_ms=0.5"], ["give exactly one of speedup"]),
         (["target.backend=onnxruntime-cpux"], ["target.backend", "did you mean 'onnxruntime-cpu'"]),
         (["target.backend=onnxruntime-cuda"], ["backend 'onnxruntime-cuda' is not available"]),
-        (["target.speedup=60"], ["out of reach", "measures", "at top-1 0.", "before any training", "stages are kept"]),
         (["target=null", "stages.prune.target=true"], ["stages.prune.target: true", "has no target block"]),
     ],
 )
-def test_bad_targets_are_one_line_and_lose_nothing(aimed_run, sets, words, capsys, tmp_path):
-    _, run, recipe = aimed_run
-    before = _digest(run)
+def test_bad_targets_are_one_line_before_a_run_folder_exists(aimed_recipe, sets, words, capsys, tmp_path):
     capsys.readouterr()
     args = [a for s in sets for a in ("--set", s)]
-    if sets[0].startswith("target.speedup=60"):  # refused by the search, on a copy of the run folder
-        import shutil
+    _one_line(
+        main(["compress", str(aimed_recipe), *args, "--run-dir", str(tmp_path / "run")]),
+        capsys.readouterr().err,
+        *words,
+    )
+    assert not (tmp_path / "run").exists()
 
-        run_copy = tmp_path / "run"
-        shutil.copytree(run, run_copy)
-        code = main(["compress", str(recipe), *args, "--run-dir", str(run_copy)])
-        _one_line(code, capsys.readouterr().err, *words)
-        assert (run_copy / "stages/0-init/model.pt").is_file()
-    else:
-        _one_line(main(["compress", str(recipe), *args, "--run-dir", str(run)]), capsys.readouterr().err, *words)
-    assert _digest(run) == before
+
+@pytest.mark.slow
+def test_a_target_out_of_reach_is_one_line_before_training_and_loses_nothing(aimed_run, capsys, tmp_path):
+    """Refused by the search, before any training, on a copy of the finished run's folder."""
+    import shutil
+
+    _, run, recipe = aimed_run
+    before = _digest(run)
+    run_copy = tmp_path / "run"
+    shutil.copytree(run, run_copy)
+    capsys.readouterr()
+    code = main(["compress", str(recipe), "--set", "target.speedup=60", "--run-dir", str(run_copy)])
+    words = ["out of reach", "measures", "at top-1 0.", "before any training", "stages are kept"]
+    _one_line(code, capsys.readouterr().err, *words)
+    assert (run_copy / "stages/0-init/model.pt").is_file() and _digest(run) == before
 
 
 def test_target_summary_judges_speed_and_accuracy_from_the_headline_or_the_stage():
@@ -279,6 +294,7 @@ def test_tf_same_padding_layers_are_timed_as_they_run():
             assert y.shape == tuple(outputs[layer.name]), layer
 
 
+@pytest.mark.slow
 def test_every_field_an_aimed_run_writes_is_described(aimed_run):
     # the target block and the aimed prune stage's fields are in the report.json schema (effvision/report_fields.py)
     from effvision.report_fields import undescribed

@@ -13,18 +13,16 @@ from .common import csv, out, table
 
 
 def _bench_model(spec: str):
-    """What bench times: the card's model with its weights when it has them; otherwise the
-    architecture with random weights (the same speed), said in one line."""
-    from ..models import is_checkpoint_path, load_model, resolve
+    """What bench times: a checkpoint, or the card's model with its weights when it has them;
+    otherwise the architecture with random weights (the same speed), said in one line (an unknown
+    name is said as unknown, not timed)."""
+    from ..models import is_checkpoint_path, load_model
+    from ..models.factory import missing_weights
 
-    try:
-        return load_model(spec)
-    except EffvisionError as exc:
-        if is_checkpoint_path(spec):
-            raise
-        resolve(spec)  # an unknown name is said as unknown, not timed
-        out.print(f"timing {spec} with random weights (the same speed): {exc}")
-        return load_model(spec, random_weights=True)
+    why = None if is_checkpoint_path(spec) else missing_weights(spec)
+    if why is not None:
+        out.print(f"timing {spec} with random weights (the same speed): {why}")
+    return load_model(spec, random_weights=why is not None)
 
 
 def _export_data(net, data: Optional[str], data_root: Optional[str]):

@@ -29,7 +29,7 @@ def publish(run_dir: str | Path, stage: str, card_name: str | None = None, half:
     """Write the stage's weights next to the card; return (weights file, the `trained:` block).
     half: floating tensors stored as float16 (half the file; loaded back into float32), for a card
     whose top-1 does not change so (score_trained measures it)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from ..models import build, load_checkpoint, resolve
     from ..models.weights import sha256_of
@@ -56,7 +56,8 @@ def publish(run_dir: str | Path, stage: str, card_name: str | None = None, half:
         )
     path = card_files("models")[card.name].parent / "weights" / f"{card.name}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: save_file(state, str(tmp)))
+    # bytes into the temporary file (made with the umask's mode; save_file would make its own 0600 file)
+    atomic_write(path, lambda tmp: tmp.write_bytes(save(state)))
     if path.stat().st_size > MAX_COMMITTED_BYTES:
         print(
             f"note: {path} is {path.stat().st_size / 2**20:.1f} MiB, over the {MAX_COMMITTED_BYTES >> 20} MiB "
