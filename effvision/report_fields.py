@@ -316,17 +316,29 @@ def documented_paths() -> set[str]:
     return {path for _, _, fields in REPORT_FIELDS for path, _ in fields}
 
 
+# Top-level blocks that repeat a stage row's field: their keys are named, in backticks, in that
+# field's one line.
+MIRRORS = {"plan": "stages[].plan"}
+
+
 def undescribed(report: dict) -> list[str]:
     """The field paths a report holds that REPORT_FIELDS does not describe (a new field needs a line here)."""
-    return sorted(report_paths(report) - documented_paths())
+    missing = report_paths(report) - documented_paths()
+    lines = {path: text for _, _, fields in REPORT_FIELDS for path, text in fields}
+    for key, field in MIRRORS.items():
+        block = report.get(key) or {}
+        missing |= {f"{key}.{k}" for k in block if f"`{k}`" not in lines[field]}
+    return sorted(missing)
 
 
 def report_paths(report: dict) -> set[str]:
     """The field paths a report holds, as REPORT_FIELDS names them: top-level keys and those of its
-    blocks, and every stage row's keys (`stages[].accuracy`)."""
+    blocks (a mirrored block's keys: undescribed), and every stage row's keys (`stages[].accuracy`)."""
     found = set()
     for key, value in report.items():
         found.add(key)
+        if key in MIRRORS:
+            continue
         if key == "stages":
             found |= {f"stages[].{k}" for row in value for k in row}
         elif isinstance(value, dict):

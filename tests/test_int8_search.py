@@ -5,7 +5,9 @@ runs, so the decision still comes from measured times."""
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -93,6 +95,15 @@ def test_one_reader_calibrates_two_passes_alike(healthy, tmp_path):
 
     one, two = builder._quantize(tmp_path / "one.onnx"), builder._quantize(tmp_path / "two.onnx")
     assert scales(one) and scales(one) == scales(two)
+
+
+def test_a_builder_named_by_relative_paths_works(healthy, tmp_path, monkeypatch):
+    """Paths relative to the working directory (a run folder given as runs/x) are resolved before
+    the pre-processing step changes directory."""
+    shutil.copy(healthy[0], tmp_path / "fp32.onnx")
+    monkeypatch.chdir(tmp_path)
+    builder = Int8Builder(Path("fp32.onnx"), healthy[1].reader.loader, Path("rel/work"), method="minmax")
+    assert (tmp_path / "rel/work/pre.onnx").is_file() and builder.write(Path("rel/int8.onnx")).is_file()
 
 
 def test_sensitivity_ranking_reverts_the_planted_layer(tmp_path):

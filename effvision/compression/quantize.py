@@ -52,6 +52,7 @@ def _preprocess(src: Path, dst: Path, tmp: Path) -> None:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     logging.getLogger("root").setLevel(logging.ERROR)
+    src, dst = Path(src).resolve(), Path(dst).resolve()  # both named from the working directory it leaves
     # chdir: a failed symbolic inference leaves sym_shape_infer_temp.onnx and its tensors in
     # the working directory; keep them in the temporary one.
     with contextlib.redirect_stdout(io.StringIO()), contextlib.chdir(tmp):
@@ -102,7 +103,7 @@ class Int8Builder:
 
         if method not in CALIBRATION:
             raise EffvisionError(f"unknown calibration method '{method}' (choices: {', '.join(CALIBRATION)})")
-        self.src, self.work = Path(src).resolve(), Path(work)
+        self.src, self.work = Path(src).resolve(), Path(work).resolve()
         self.method, self.per_channel = method, per_channel
         self.reduce_range = resolve_reduce_range(reduce_range)
         self.input_name = ort_session(self.src).get_inputs()[0].name
