@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo lint format docs readme-check test test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu bench-int8 bench-qat bench-latency bench-pareto gpu-bench gpu-speedrun gpu-data gpu-wheels gpu-rehearse sysdeps clean help
+.PHONY: install demo lint format docs readme-check test test-each test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu bench-int8 bench-qat bench-latency bench-pareto gpu-bench gpu-speedrun gpu-data gpu-wheels gpu-rehearse sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
@@ -18,6 +18,7 @@ help:
 	@echo "make format - ruff: rewrite files to the house format and apply safe lint fixes"
 	@echo "make docs   - build the documentation site into site/ (strict: a warning fails it); make test runs it"
 	@echo "make readme-check - run every README.md command in order on a fresh clone of HEAD (21 min on 2 cores)"
+	@echo "make test-each - each test file alone, in the suite's order (make test's time and a start-up per file)"
 	@echo "make test-all - every test: the zoo-wide conformance sweep and the slow ones too"
 	@echo "make bench  - slow tests and the CIFAR-10 pipeline on ../shared/datasets"
 	@echo "make bench-video - video loader speed and memory, the video demo and its single-frame twin (BENCHMARKS.md)"
@@ -83,6 +84,13 @@ readme-check:
 
 test: install lint docs
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow and not zoo" --durations=30
+
+# Each test file alone, in the order the suite collects them (a test that passes only after
+# another one set something up fails here); the files that failed are listed at the end.
+test-each: install
+	@failed=""; for f in $$(EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow and not zoo" --collect-only -q 2>/dev/null | grep -E '^tests/.*: [0-9]+$$' | cut -d: -f1); do \
+		echo "== $$f"; EFFVISION_QUIET=1 $(BIN)/python -m pytest -m "not slow and not zoo" -q -p no:cacheprovider $$f || failed="$$failed $$f"; \
+	done; if [ -n "$$failed" ]; then echo "failed alone:$$failed"; exit 1; fi; echo "every file passed alone"
 
 # Everything: the conformance sweep over every card and architecture (marker zoo) and the slow
 # tests (those that read ../shared skip without it).
