@@ -39,7 +39,7 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing effvision and its pinned dependencies into $(VENV) ..."
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,edge,pretrained,search,docs]' 2>&1 | $(PIP_FILTER)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,edge,openvino,pretrained,search,docs]' 2>&1 | $(PIP_FILTER)
 	@$(BIN)/python -c "import effvision, torch, onnxruntime, torch_pruning, timm" 
 	@touch $(STAMP)
 

@@ -180,11 +180,10 @@ def _init_fingerprint(run_dir: Path) -> Optional[str]:
 
 
 def _result(run_dir: Path, report: dict, before: Optional[str]) -> CompressResult:
-    from .pipeline import shipped_record
+    from .deploy.runtimes import shipped_artifact, shipped_record
 
     records = [read_json(run_dir / "stages" / r["stage_dir"] / "metrics.json") for r in report["stages"]]
-    arts = shipped_record(records)["artifacts"]
-    shipped = arts.get("onnx") or arts.get("pte") or arts.get("model")
+    shipped = (shipped_artifact(shipped_record(records)["artifacts"]) or (None, None))[1]
     init = read_json(run_dir / "stages" / "0-init" / "metrics.json")
     return CompressResult(
         run_dir=run_dir,

@@ -66,13 +66,6 @@ class CallerInputs:
     identity: dict  # {"model": architecture and weights hashes, "data": sizes and items hash}
 
 
-def shipped_record(records: list[dict]) -> dict:
-    """The record of the artifact that ships: the last exported file, else the last model."""
-    exported = (r for r in reversed(records) if {"onnx", "pte"} & set(r["artifacts"]))
-    models = (r for r in reversed(records) if "model" in r["artifacts"])
-    return next(exported, None) or next(models, records[-1])
-
-
 class RunContext:
     """What stages share: the data, the current model/ONNX artifact, earlier stages' records."""
 
@@ -239,20 +232,22 @@ class RunContext:
         return for_artifact(self.data, model, accuracy, path, source)
 
     def artifact_result(self, path: Path, extra: dict | None = None) -> StageResult:
-        """Measure an exported artifact by running it in its runtime (ONNX Runtime for .onnx,
-        ExecuTorch for .pte); an ONNX file becomes the current artifact for later stages."""
+        """Measure an exported artifact by running it in its runtime (deploy/runtimes.py); an ONNX
+        file becomes the current artifact for later stages."""
         from .deploy import evaluate
         from .deploy.metadata import write_metadata
+        from .deploy.runtimes import runtime_of_path
 
         path = Path(path)
-        kind, runtime = ("pte", "executorch") if path.suffix == ".pte" else ("onnx", "onnxruntime")
+        files = runtime_of_path(path)
+        kind, runtime = files.kind, files.name
         acc = evaluate(path, self.data.val_loader())
         write_metadata(path, self.describe(self.model, acc, path, precision=(extra or {}).get("precision", "fp32")))
         if kind == "onnx":
             self.onnx = path
         metrics = {
             **self._measure(self.model),
-            "size_bytes": path.stat().st_size,
+            "size_bytes": files.file_bytes(path),
             "accuracy": acc,
             "evaluated_with": runtime,
             "time_to_accuracy_s": None,
@@ -261,6 +256,8 @@ class RunContext:
         return StageResult(metrics, {kind: path.name})
 
     def shipped_record(self) -> dict:
+        from .deploy.runtimes import shipped_record
+
         return shipped_record(self.records)
 
     def bench_result(self, measurements: list[dict], extra: dict | None = None) -> StageResult:
@@ -277,13 +274,14 @@ class RunContext:
 
     def artifacts_to_bench(self, targets: str):
         """(stage name, kind, artifact) for every stage artifact, or only the last of each kind."""
+        from .deploy.runtimes import artifact_kinds
         from .models import load_checkpoint
 
         items = [
             (r["name"], kind, self.run_dir / path)
             for r in self.records
             for kind, path in r["artifacts"].items()
-            if kind in ("model", "onnx", "pte")
+            if kind in artifact_kinds()
         ]
         if targets == "final":
             items = list({kind: (name, kind, path) for name, kind, path in items}.values())  # the last of each kind

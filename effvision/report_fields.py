@@ -36,6 +36,7 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("artifacts.checkpoint", "a `model.pt`"),
             ("artifacts.onnx", "an ONNX file"),
             ("artifacts.pte", "an ExecuTorch file"),
+            ("artifacts.openvino", "an OpenVINO IR (`.xml`, its weights in the `.bin` beside it)"),
             ("artifacts.selection", "a select stage's `selection.json`"),
             (
                 "env",

@@ -194,6 +194,23 @@ def test_the_card_exported_to_executorch_is_the_cards_model_and_predicts(tmp_pat
 
 
 @needs_shared
+@pytest.mark.slow  # the Lite0 card verified on 10,000 images at 112 px, as ONNX and as an OpenVINO IR: 2 min
+def test_a_card_fine_tuned_at_another_size_than_its_dataset_exports_at_its_own(tmp_path):
+    """The Lite0 CIFAR-10 card takes 112 px; CIFAR-10 is 32 px: the card's export sees the images at
+    112 (it refused them as not fitting), and its OpenVINO IR and ONNX file score the card's top-1."""
+    from effvision.deploy.openvino_export import openvino_missing
+
+    lite0, root = "tf_efficientnet_lite0.cifar10", str(SHARED / "datasets")
+    card = model_card(lite0).trained.accuracy
+    formats = ["onnx"] + (["openvino"] if openvino_missing() is None else [])
+    for fmt in formats:
+        out = tmp_path / f"lite0.{'xml' if fmt == 'openvino' else 'onnx'}"
+        assert main(["export", lite0, "--format", fmt, "--out", str(out), "--data-root", root]) == 0
+        parity = json.loads(Path(str(out) + ".parity.json").read_text())
+        assert parity["input_shape"] == [3, 112, 112] and abs(parity["accuracy"] - card) <= 0.002, (fmt, parity)
+
+
+@needs_shared
 @pytest.mark.slow
 def test_predict_on_300_images_takes_seconds(cifar_exports, tmp_path):
     """A wall-clock bound (process start, imports, 300 decodes): `make bench`, not `make test`, where a

@@ -35,6 +35,9 @@ def _export_data(net, data: Optional[str], data_root: Optional[str]):
     spec = net.effvision_spec
     card = get_card(spec.get("name", ""))
     trained_on = spec.get("data") or ({"name": card.dataset, "root": None, "image_size": None} if card else None)
+    if card is not None and not spec.get("data") and card.modality == "image" and len(spec["input_size"]) == 3:
+        # a card fine-tuned at another size than its dataset's own (Lite0 on CIFAR-10 at 112 px) sees it at its own
+        trained_on["image_size"] = spec["input_size"][-1]
     if data is None and trained_on and trained_on["name"]:
         cfg = DataConfig(
             name=trained_on["name"], root=data_root or trained_on["root"], image_size=trained_on["image_size"]
@@ -63,10 +66,15 @@ def _export_data(net, data: Optional[str], data_root: Optional[str]):
 def export(
     model: str = typer.Argument(..., help="An effvision checkpoint (model.pt) or a zoo card name (with its weights)."),
     format: str = typer.Option(
-        "onnx", "--format", help="onnx (fp32, fp16, int8) or executorch (fp32, int8; XNNPACK, needs the [edge] extra)."
+        "onnx",
+        "--format",
+        help="onnx (fp32, fp16, int8), executorch (fp32, int8; XNNPACK, needs the [edge] extra) or openvino "
+        "(fp32, int8 by NNCF; needs the [openvino] extra).",
     ),
     precision: str = typer.Option("fp32", help="fp32, fp16 or int8 (static, calibrated on --data)."),
-    out_file: Optional[Path] = typer.Option(None, "--out", help="Output file (default model.onnx / model.pte)."),
+    out_file: Optional[Path] = typer.Option(
+        None, "--out", help="Output file (default model.onnx / model.pte / model.xml, with model.bin beside it)."
+    ),
     data: Optional[str] = typer.Option(
         None,
         help="Dataset card for the parity check and int8 calibration (default: the one the checkpoint was trained "
@@ -83,8 +91,8 @@ def export(
 ):
     """Export a model (dynamic batch) and verify it against PyTorch on validation samples; the
     parity figures are written beside the file as <file>.parity.json, and the file carries its
-    classes, preprocessing and measured accuracy (ONNX metadata_props["effvision"]; <file>.json
-    beside a .pte)."""
+    classes, preprocessing and measured accuracy (ONNX metadata_props["effvision"]; an OpenVINO IR's
+    rt_info; <file>.json beside a .pte)."""
     import torch
 
     from ..compression.selection import calibration_indices
@@ -170,9 +178,10 @@ def bench(
     precision and batch size, with warm-up and repeats. A model is exported first for backends
     that run files (int8 calibrated on random inputs: for speed, not accuracy)."""
     from ..deploy.backends import check_pair
-    from ..deploy.bench import bench_model, benchmark, default_backend, settle_shares
+    from ..deploy.bench import bench_model, benchmark, settle_shares
     from ..deploy.results import write_results
     from ..deploy.roofline import Roofline
+    from ..deploy.runtimes import runtime_of_path
     from ..device import resolve_device
     from ..env import collect_env
     from ..fileio import write_json
@@ -194,21 +203,16 @@ def bench(
         threads=threads,
         roofline=rf,
     )
-    if artifact.endswith((".onnx", ".pte")):
-        from ..deploy.runtime import onnx_input_shape, onnx_precision
-
+    files = runtime_of_path(artifact)
+    if files.suffix is not None:
         if not Path(artifact).is_file():
             raise EffvisionError(f"file not found: {artifact}")
-        found = onnx_precision(artifact) if artifact.endswith(".onnx") else None
-        backends = csv(backend) if backend else [default_backend(artifact)]
-        precisions = precisions or [found or "fp32"]
-        if artifact.endswith(".onnx"):
-            shape = onnx_input_shape(artifact)
-        else:  # a .pte program runs the one batch size it was exported for
-            from ..deploy.executorch_export import pte_input_shape
-
-            program = pte_input_shape(artifact)
-            shape, kw["batches"] = program[1:], [program[0]]
+        backends = csv(backend) if backend else [files.default_backend]
+        precisions = precisions or [files.precision(artifact)]
+        program = files.input_shape(artifact)
+        shape = program[1:]
+        if program[0]:  # a file with a fixed batch (a .pte program) runs the one size it was exported for
+            kw["batches"] = [program[0]]
         rows = []
         for b in backends:
             for p in precisions:
@@ -241,7 +245,9 @@ def predict(
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write every prediction and the summary here."),
     batch: int = typer.Option(32, "--batch", min=1, help="Inputs run together."),
     backend: Optional[str] = typer.Option(
-        None, help="onnxruntime-cpu (default for .onnx), onnxruntime-cuda, executorch (.pte), torch-eager (models)."
+        None,
+        help="onnxruntime-cpu (default for .onnx), onnxruntime-cuda, executorch (.pte), openvino-cpu (.xml), "
+        "torch-eager (models).",
     ),
     mean: Optional[str] = typer.Option(None, help="For a file without effvision metadata: mean per channel, 0..1."),
     std: Optional[str] = typer.Option(None, help="For a file without effvision metadata: std per channel."),

@@ -225,9 +225,8 @@ def _input_shape(layer: Layer) -> list[int]:
 
 # ----------------------------------------------------------------------------- tables
 def machine_key(backend: str, batch: int, device: torch.device) -> str:
-    """Tables hold for one machine, runtime version, backend and batch."""
-    import onnxruntime
-
+    """Tables hold for one machine, the versions of torch and of what runs the backend, backend and batch."""
+    from ..deploy.backends import BACKENDS
     from ..env import cpu_name
 
     what = [
@@ -235,7 +234,7 @@ def machine_key(backend: str, batch: int, device: torch.device) -> str:
         os.cpu_count(),
         platform.machine(),
         torch.__version__,
-        onnxruntime.__version__,
+        *BACKENDS.get(backend).versions(),
         backend,
         batch,
         str(device),

@@ -13,16 +13,17 @@ export = export_verified
 
 
 def evaluate(artifact, loader) -> float:
-    """Top-1 of a torch model, an ONNX file or an ExecuTorch program over a loader."""
+    """Top-1 of a torch model, or of a file in its runtime (runtimes.py), over a loader."""
+    from ..errors import EffvisionError
     from ..scoring import accuracy, torch_predictor
+    from .runtimes import runtime_of_path
 
     if not isinstance(artifact, (str, os.PathLike)):
         return accuracy(torch_predictor(artifact), loader)
-    if str(artifact).endswith(".pte"):
-        from .executorch_export import pte_predictor
-
-        return accuracy(pte_predictor(artifact), loader)
-    return accuracy(onnx_predictor(artifact), loader)
+    files = runtime_of_path(artifact)
+    if files.suffix is None:
+        raise EffvisionError(f"cannot evaluate {artifact}: no runtime runs a file named so")
+    return accuracy(files.predictor(artifact), loader)
 
 
 __all__ = [

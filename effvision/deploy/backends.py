@@ -46,6 +46,24 @@ class BackendUnavailable(EffvisionError):
 class Backend:
     takes = "model"  # "model" (a torch nn.Module) or a file suffix
     supports: dict[str, tuple[str, ...]] = {}  # device type -> precisions
+    packages: tuple[str, ...] = ()  # the distributions that run it beside torch (their versions key its timings)
+
+    @classmethod
+    def versions(cls) -> list[str]:
+        """'name version' of each package it runs on: a timing measured under other versions is not reused."""
+        from importlib import import_module
+        from importlib.metadata import PackageNotFoundError, version
+
+        def one(name: str) -> str:
+            try:
+                return version(name)
+            except PackageNotFoundError:  # (a build under another distribution name, e.g. onnxruntime-gpu)
+                try:
+                    return import_module(name).__version__
+                except (ImportError, AttributeError):
+                    return "absent"
+
+        return [one(name) for name in cls.packages]
 
     @classmethod
     def missing(cls) -> str | None:
@@ -124,6 +142,7 @@ class TorchCompile(TorchEager):
 
 class OnnxRuntime(Backend):
     takes = ".onnx"
+    packages = ("onnxruntime",)
     provider = "CPUExecutionProvider"
 
     @classmethod
@@ -178,6 +197,7 @@ class Executorch(Backend):
 
     takes = ".pte"
     supports = {"cpu": ("fp32", "int8")}
+    packages = ("executorch",)
 
     @classmethod
     def missing(cls):
@@ -198,6 +218,31 @@ class Executorch(Backend):
             return random_batch(batch, shape)
 
         return Loaded(pte_predictor(path, exact=True), make_input, {"program_batch": program_batch})
+
+
+@BACKENDS.register("openvino-cpu")
+class OpenvinoCpu(Backend):
+    """An OpenVINO IR (.xml) compiled for the CPU with the latency hint (int8: NNCF's files)."""
+
+    takes = ".xml"
+    supports = {"cpu": ("fp32", "int8")}
+    packages = ("openvino",)
+
+    @classmethod
+    def missing(cls):
+        from .openvino_export import openvino_missing
+
+        return openvino_missing()
+
+    def load(self, path, shape, opts):
+        from .openvino_export import ir_precision, ir_predictor
+
+        if not isinstance(path, (str, Path)):
+            raise EffvisionError(f"{self.name} runs an OpenVINO IR (.xml)")
+        found = ir_precision(path)
+        if found != opts.precision:
+            raise EffvisionError(f"{path} is a {found} model, not {opts.precision}")
+        return Loaded(ir_predictor(path, opts.threads), lambda b: random_batch(b, shape).numpy())
 
 
 def backend(name: str) -> Backend:

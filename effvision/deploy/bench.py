@@ -214,20 +214,17 @@ def compare(
 
 
 def default_backend(target) -> str:
-    if isinstance(target, nn.Module):
-        return "torch-eager"
-    backend = {".onnx": "onnxruntime-cpu", ".pte": "executorch"}.get(Path(target).suffix)
-    if backend is None:
-        raise EffvisionError(
-            f"cannot benchmark {target}: expected an .onnx or .pte file, an effvision checkpoint or a model name"
-        )
-    return backend
+    from .runtimes import default_backend_of
+
+    return default_backend_of(target)
 
 
 def batch_groups(takes: str, batches: Iterable[int]) -> list[tuple[int, ...]]:
-    """Batch sizes one loaded target can run: all of them, or one each for fixed-batch .pte files."""
+    """Batch sizes one loaded target can run: all of them, or one each for fixed-batch files (.pte)."""
+    from .runtimes import runtime_taking
+
     batches = tuple(batches)
-    return [(b,) for b in batches] if takes == ".pte" else [batches]
+    return [(b,) for b in batches] if runtime_taking(takes).fixed_batch else [batches]
 
 
 def bench_model(

@@ -23,6 +23,10 @@ class Exporter:
     suffix = ""
     precisions: tuple[str, ...] = ()
 
+    def missing(self, precision: str) -> str | None:
+        """Why this format cannot be written here (an optional extra not installed), or None."""
+        return None
+
     def export(
         self, model: nn.Module, path: Path, shape: list[int], precision: str, calibration, batch: int = 1
     ) -> Path:
@@ -65,6 +69,11 @@ class ExecutorchExporter(Exporter):
     suffix = ".pte"
     precisions = ("fp32", "int8")
 
+    def missing(self, precision):
+        from .executorch_export import executorch_missing
+
+        return executorch_missing()
+
     def export(self, model, path, shape, precision, calibration, batch=1):
         from .executorch_export import export_pte
 
@@ -76,6 +85,29 @@ class ExecutorchExporter(Exporter):
         return pte_predictor(path)
 
 
+@EXPORTERS.register("openvino")
+class OpenvinoExporter(Exporter):
+    """OpenVINO IR (.xml + .bin), dynamic batch, from the ONNX export: fp32, or int8 (NNCF)."""
+
+    suffix = ".xml"
+    precisions = ("fp32", "int8")
+
+    def missing(self, precision):
+        from .openvino_export import openvino_missing
+
+        return openvino_missing(int8=precision == "int8")
+
+    def export(self, model, path, shape, precision, calibration, batch=1):
+        from .openvino_export import export_ir
+
+        return export_ir(model, path, shape, precision, (x for x, _ in calibration), batch=batch)
+
+    def predictor(self, path):
+        from .openvino_export import ir_predictor
+
+        return ir_predictor(path)
+
+
 def supported_exports() -> str:
     return "; ".join(f"{name}: {', '.join(EXPORTERS.get(name).precisions)}" for name in EXPORTERS.names())
 
@@ -84,6 +116,9 @@ def get_exporter(fmt: str, precision: str) -> Exporter:
     exporter = EXPORTERS.get(fmt)()
     if precision not in exporter.precisions:
         raise EffvisionError(f"format '{fmt}' has no precision '{precision}' (supported: {supported_exports()})")
+    reason = exporter.missing(precision)
+    if reason:
+        raise EffvisionError(reason)
     return exporter
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EffvisionError
-from ..fileio import atomic_write, write_json
+from ..fileio import write_json
 
 KEY = "effvision"
 FORMAT = "effvision-model/1"
@@ -127,19 +127,21 @@ def for_data(bundle, model, **kw) -> dict:
 
 
 def for_artifact(bundle, model, top1: float, path: Path | None = None, source: dict | None = None) -> dict:
-    """The document of a model or its exported file (path: .onnx or .pte; None: the checkpoint),
+    """The document of a model or its exported file (path: a runtime's file; None: the checkpoint),
     with the top-1 just measured on the bundle's whole validation split in the file's runtime.
-    Format, precision, fixed batch and runtime are read from the file itself."""
+    Format, precision, fixed batch and runtime are read from the file itself (a file that does not
+    say its precision takes its exporter's word, source["precision"])."""
     batch, fmt, precision, runtime = None, "checkpoint", "fp32", "torch"
-    if path is not None and Path(path).suffix == ".pte":
-        from .executorch_export import pte_input_shape
+    if path is not None:
+        from .runtimes import runtime_of_path
 
-        batch, fmt, runtime = pte_input_shape(path)[0], "executorch", "executorch"
-        precision = (source or {}).get("precision", "fp32")  # a program does not say; its exporter does
-    elif path is not None:
-        from .runtime import onnx_precision
-
-        fmt, precision, runtime = "onnx", onnx_precision(path), "onnxruntime"
+        files = runtime_of_path(path)
+        batch = files.input_shape(path)[0] or None  # 0: a dynamic batch
+        fmt, runtime, precision = (
+            files.export_format,
+            files.name,
+            files.precision(path, (source or {}).get("precision")),
+        )
     meta = for_data(bundle, model, batch=batch, source={**(source or {}), "format": fmt, "precision": precision})
     return with_accuracy(meta, top1, "val", len(bundle.val), runtime, bundle.name)
 
@@ -182,34 +184,27 @@ def sidecar(path: str | Path) -> Path:
 
 
 def write_metadata(path: str | Path, meta: dict) -> Path:
-    """Store `meta` in (ONNX) or beside (.pte) the artifact."""
-    path = Path(path)
-    if path.suffix == ".onnx":
-        import onnx
+    """Store `meta` where the artifact's runtime keeps it: in the file (ONNX), else beside it."""
+    from .runtimes import runtime_of_path
 
-        model = onnx.load(str(path))
-        kept = [p for p in model.metadata_props if p.key != KEY]
-        del model.metadata_props[:]
-        model.metadata_props.extend(kept)
-        entry = model.metadata_props.add()
-        entry.key, entry.value = KEY, json.dumps(meta)
-        return atomic_write(path, lambda tmp: onnx.save(model, str(tmp)))
-    write_json(sidecar(path), meta)
+    path = Path(path)
+    if not runtime_of_path(path).write_metadata(path, KEY, json.dumps(meta)):
+        write_json(sidecar(path), meta)
     return path
 
 
 def read_metadata(path: str | Path) -> dict | None:
     """The document of an artifact, or None when it carries none (a plain ONNX file)."""
-    path = Path(path)
-    if path.suffix == ".onnx":
-        from .runtime import load_onnx
+    from .runtimes import runtime_of_path
 
-        model = load_onnx(path, external=False)
-        text = next((p.value for p in model.metadata_props if p.key == KEY), None)
-    elif path.suffix in (".pt", ".pth"):
+    path = Path(path)
+    files = runtime_of_path(path)
+    if files.suffix is None and path.suffix in (".pt", ".pth"):
         from ..models.checkpoint import read_checkpoint
 
         return read_checkpoint(path).get("metadata")
+    if files.keeps_metadata_inside:
+        text = files.read_metadata(path, KEY)
     else:
         text = sidecar(path).read_text() if sidecar(path).is_file() else None
     if text is None:

@@ -14,13 +14,6 @@ import torch
 from ..errors import EffvisionError
 from . import metadata as md
 
-# What a runtime runs, by artifact kind; the first is the default.
-RUNTIMES = {
-    "onnx": ("onnxruntime-cpu", "onnxruntime-cuda"),
-    "pte": ("executorch",),
-    "torch": ("torch-eager",),
-}
-
 
 class Preprocess:
     """One input (a file path, bytes, a PIL image or an array) to one model input, as the
@@ -123,23 +116,6 @@ class Predictor:
         return f"Predictor({self.artifact}, {self.modality}, {len(self.classes)} classes, {self.runtime})"
 
 
-def _kind(path: str) -> str:
-    if path.endswith(".onnx"):
-        return "onnx"
-    if path.endswith(".pte"):
-        return "pte"
-    return "torch"
-
-
-def _check_backend(kind: str, backend: str | None) -> str:
-    if backend is None:
-        return RUNTIMES[kind][0]
-    if backend not in RUNTIMES[kind]:
-        what = {"onnx": "an ONNX file", "pte": "an ExecuTorch program", "torch": "a torch model"}[kind]
-        raise EffvisionError(f"--backend {backend} does not run {what} (use {', '.join(RUNTIMES[kind])})")
-    return backend
-
-
 def _plain_meta(path: str, shape: list[int], num_classes: int, mean, std, size) -> dict:
     if mean is None or std is None:
         raise EffvisionError(
@@ -171,30 +147,20 @@ def load(
 ) -> Predictor:
     """A predictor for an ONNX file, a .pte program, an effvision checkpoint or a zoo card name,
     preprocessing inputs as its metadata says (or --mean/--std/--size for a plain ONNX file)."""
-    path = str(artifact)
-    kind = _kind(path)
-    runtime = _check_backend(kind, backend)
     from ..models import is_checkpoint_path
+    from .runtimes import runtime_of_path
 
-    if (kind != "torch" or is_checkpoint_path(path)) and not Path(path).is_file():
+    path = str(artifact)
+    files = runtime_of_path(path)
+    runtime = files.check_backend(backend)
+    if (files.suffix is not None or is_checkpoint_path(path)) and not Path(path).is_file():
         raise EffvisionError(f"artifact not found: {path}")
-    if kind == "onnx":
-        from .runtime import onnx_input_shape, ort_session, run_session
-
+    if files.suffix is not None:
         meta = md.read_metadata(path)
-        session = ort_session(path, providers=["CUDAExecutionProvider"] if runtime.endswith("cuda") else None)
-        run = lambda x: run_session(session, x)  # noqa: E731
+        run = files.predictor(path, runtime)
         if meta is None:
-            shape = onnx_input_shape(path)
+            shape = files.input_shape(path)[1:]
             meta = _plain_meta(path, shape, _num_outputs(run, shape), mean, std, size)
-    elif kind == "pte":
-        from .executorch_export import pte_input_shape, pte_predictor
-
-        meta = md.read_metadata(path)
-        run = pte_predictor(path)
-        if meta is None:
-            shape = pte_input_shape(path)
-            meta = _plain_meta(path, shape[1:], _num_outputs(run, shape[1:]), mean, std, size)
     else:
         from ..scoring import torch_predictor
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 
 from ..progress import log
+from .runtimes import runtime_of_kind, shipped_artifact
 
 COMPRESSING = ("prune", "distill", "quantize", "qat")
 NAME = "reference"  # its rows in the bench stage's measurements
-_WHAT = {"onnx": "fp32 ONNX", "pte": "fp32 ExecuTorch program", "model": "fp32 PyTorch model"}
 
 
 @dataclass
@@ -26,7 +26,8 @@ class Reference:
     final: dict  # the shipped stage's record
     accuracy: float | None = None
     size_bytes: int | None = None
-    onnx: Path | None = None
+    onnx: Path | None = None  # the reference file when an ONNX file ships (the bench stage times it with the others)
+    file: Path | None = None  # the reference exported like a shipped file that runs any batch size
 
 
 def reference_record(records: list[dict]) -> dict | None:
@@ -43,36 +44,32 @@ def reference_model(ctx) -> torch.nn.Module | None:
     return load_checkpoint(ctx.run_dir / first["input_model"]) if first is not None else None
 
 
-def deployment_backend(kind: str, device: torch.device) -> str:
-    from ..registry import BACKENDS
-
-    if kind == "onnx":
-        cuda = device.type == "cuda" and not BACKENDS.get("onnxruntime-cuda").missing()
-        return "onnxruntime-cuda" if cuda else "onnxruntime-cpu"
-    return {"pte": "executorch", "model": "torch-eager"}[kind]
-
-
 def prepare_reference(ctx, device) -> Reference | None:
-    """Export the reference like the shipped artifact (fp32 ONNX beside the bench stage for an
-    ONNX file) and score it on the validation split in that runtime; None when nothing compressed."""
+    """Export the reference like the shipped artifact (fp32 in the shipped file's format, beside
+    the bench stage) and score it on the validation split in that runtime; None when nothing
+    compressed."""
     from ..models import load_checkpoint
     from . import evaluate
-    from .onnx_export import export_onnx
+    from .exporters import get_exporter
 
     first = reference_record(ctx.records)
     if first is None:
         return None
     final = ctx.shipped_record()
     arts = final["artifacts"]
-    kind = "onnx" if "onnx" in arts else "pte" if "pte" in arts else "model"
+    kind = shipped_artifact(arts)[0]
+    runtime = runtime_of_kind(kind)
     path = ctx.run_dir / first["input_model"]
-    ref = Reference(kind, deployment_backend(kind, device), load_checkpoint(path), first["name"], final)
-    log(f"  reference: the model entering '{first['name']}', {_WHAT[kind]} on {ref.backend}")
-    if kind == "onnx":
+    ref = Reference(kind, runtime.backend_for(device), load_checkpoint(path), first["name"], final)
+    log(f"  reference: the model entering '{first['name']}', fp32 {runtime.label} on {ref.backend}")
+    if runtime.suffix and not runtime.fixed_batch:
         # at the data's own input size, where a plan stage lowered the compressed model's
-        ref.onnx = export_onnx(ref.model, ctx.stage_dir / "reference.onnx", ctx.full_input_shape)
-        ref.accuracy, ref.size_bytes = evaluate(ref.onnx, ctx.full_data.val_loader()), ref.onnx.stat().st_size
-    else:  # a .pte program runs one batch size: its accuracy is the PyTorch model's, as its export was verified
+        exporter = get_exporter(runtime.export_format, "fp32")
+        where = ctx.stage_dir / f"reference{runtime.suffix}"
+        ref.file = exporter.export(ref.model, where, list(ctx.full_input_shape), "fp32", None)
+        ref.onnx = ref.file if kind == "onnx" else None
+        ref.accuracy, ref.size_bytes = evaluate(ref.file, ctx.full_data.val_loader()), runtime.file_bytes(ref.file)
+    else:  # a program of one batch size (.pte): its accuracy is the PyTorch model's, as its export was verified
         ref.accuracy, ref.size_bytes = evaluate(ref.model, ctx.full_data.val_loader()), path.stat().st_size
         # (for a .pte, time_against_final replaces the size with the program's, at the latency batch)
     return ref
@@ -80,21 +77,28 @@ def prepare_reference(ctx, device) -> Reference | None:
 
 def time_against_final(ctx, ref: Reference, batches: list[int], device, warmup: int, repeats: int) -> list[dict]:
     """Rows for a reference that the bench stage's own interleaved ONNX timing does not cover
-    (a .pte or a torch model ships): reference and final side by side on the final's backend."""
+    (another runtime's file or a torch model ships): reference and final side by side on the
+    final's backend."""
     from ..models import load_checkpoint
-    from .backends import backend as get_backend
     from .bench import batch_groups, compare
     from .exporters import export_for_backend
 
-    arts, rows = ref.final["artifacts"], []
-    for group in batch_groups(get_backend(ref.backend).takes, batches):
-        if ref.kind == "pte":
-            target = export_for_backend(ref.model, ".pte", "fp32", ctx.stage_dir, ctx.input_shape, batch=group[0])[0]
+    arts, rows, runtime = ref.final["artifacts"], [], runtime_of_kind(ref.kind)
+    for group in batch_groups(runtime.takes, batches):
+        if runtime.fixed_batch:  # one program per batch size
+            target = export_for_backend(
+                ref.model, runtime.suffix, "fp32", ctx.stage_dir, ctx.input_shape, batch=group[0]
+            )[0]
             if group[0] == min(batches):
-                ref.size_bytes = target.stat().st_size  # the program at the latency batch, as the headline's
-            final = (ctx.run_dir / arts["pte"], ref.final.get("precision", "fp32"))
+                ref.size_bytes = runtime.file_bytes(target)  # the program at the latency batch, as the headline's
+        elif runtime.suffix:
+            target = ref.file
         else:
-            target, final = ref.model, (load_checkpoint(ctx.run_dir / arts["model"]), "fp32")
+            target = ref.model
+        if runtime.suffix:
+            final = (ctx.run_dir / arts[ref.kind], ref.final.get("precision", "fp32"))
+        else:
+            final = (load_checkpoint(ctx.run_dir / arts["model"]), "fp32")
         targets = {NAME: (target, "fp32"), ref.final["name"]: final}
         rows += compare(targets, ctx.input_shape, ref.backend, group, device, warmup, repeats, min(10, repeats))
     return [{"stage": r.pop("target"), **r} for r in rows]
@@ -108,7 +112,7 @@ def headline(ref: Reference, rows: list[dict], batches: list[int]) -> dict:
     lat_batch, tp_batch = min(batches), max(batches)
     ref_row = pick[(NAME, lat_batch)]
     reference = {
-        "what": f"uncompressed model, {_WHAT[ref.kind]}",
+        "what": f"uncompressed model, fp32 {runtime_of_kind(ref.kind).label}",
         "stage": f"input of {ref.entering}",
         "backend": ref.backend,
         "accuracy": ref.accuracy,

@@ -19,7 +19,7 @@ from .exporters import FP32_RELATIVE_TOLERANCE, export_verified, parity_failure
 
 class ExportConfig(StageConfig):
     type: Literal["export"] = "export"
-    format: str = Field("onnx", description="export format: onnx or executorch")
+    format: str = Field("onnx", description="export format: onnx, executorch or openvino")
     precision: Literal["fp32", "fp16", "int8"] = Field("fp32", description="the exported file's precision")
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="{selector, n}: samples that calibrate int8 activations"
@@ -110,14 +110,6 @@ def run_evaluate(ctx, cfg: EvaluateConfig) -> StageResult:
     return StageResult(metrics, {})
 
 
-# Which backends run which kind of artifact a run produces.
-_RUNS = {
-    "model": ("torch-eager", "torch-compile"),
-    "onnx": ("onnxruntime-cpu", "onnxruntime-cuda"),
-    "pte": ("executorch",),
-}
-
-
 class BenchConfig(StageConfig):
     type: Literal["bench"] = "bench"
     backends: list[str] = Field(
@@ -172,6 +164,7 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
     from .results import plot_sweep
     from .roofline import Roofline
     from .runtime import onnx_precision
+    from .runtimes import runtime_of_kind
 
     device = resolve_device(cfg.device)
     roofline = Roofline(device) if cfg.roofline else None
@@ -183,7 +176,7 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
 
     for stage, kind, artifact in ctx.artifacts_to_bench(cfg.targets):
         macs = count_macs(artifact, shape_of(stage)) if kind == "model" else ctx.records_by_name[stage].get("macs")
-        for backend in (b for b in cfg.backends if b in _RUNS[kind]):
+        for backend in (b for b in cfg.backends if b in runtime_of_kind(kind).backends()):
             if BACKENDS.get(backend).missing() or device.type not in BACKENDS.get(backend).supports:
                 continue
             if kind == "onnx":
@@ -191,10 +184,8 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
                 continue
             precisions = cfg.precisions if kind == "model" else [ctx.records_by_name[stage].get("precision", "fp32")]
             batches = cfg.batches
-            if kind == "pte":  # a program runs the batch size it was exported for
-                from .executorch_export import pte_input_shape
-
-                batches = pte_input_shape(artifact)[:1]
+            if runtime_of_kind(kind).fixed_batch:  # a file runs the batch size it was exported for
+                batches = runtime_of_kind(kind).input_shape(artifact)[:1]
             for precision in precisions:
                 rows = benchmark(
                     artifact,

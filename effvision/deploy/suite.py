@@ -30,6 +30,7 @@ from .bench import benchmark, settle_shares
 from .cells import STATUSES, Clock, Predictor, describe, settle
 from .exporters import export_for_backend, export_verified
 from .roofline import Roofline
+from .runtimes import runtime_taking
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -356,7 +357,8 @@ class _Run:
         self.predictor.record(cell, time.perf_counter() - began)
 
     def export(self, cell: dict, built: dict, takes: str):
-        key = (cell["model"], takes, cell["precision"], cell["batch"] if takes == ".pte" else None)
+        fixed = runtime_taking(takes).fixed_batch  # one file per batch size
+        key = (cell["model"], takes, cell["precision"], cell["batch"] if fixed else None)
         if key not in self.exported:
             self.exported[key], figures = export_for_backend(
                 built["model"],

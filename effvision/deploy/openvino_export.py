@@ -1,0 +1,161 @@
+"""OpenVINO IR files (`model.xml` and its `model.bin`) converted from the verified ONNX export, int8
+by NNCF's post-training quantization (Intel's own quantizer for OpenVINO), and a runner compiled
+with OpenVINO's latency hint. effvision's metadata lives in the IR's rt_info.
+
+OpenVINO and NNCF are an optional extra (`pip install 'effvision[openvino]'`); without them a
+command that needs them says so in one line."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import EffvisionError
+
+EXTRA = "pip install 'effvision[openvino]'"
+RT_INFO = "effvision"  # the rt_info section that holds effvision's keys
+
+
+def openvino_missing(int8: bool = False) -> str | None:
+    """Why OpenVINO (and, for int8, NNCF) cannot be used here, or None when it can."""
+    for module, what in (("openvino", "OpenVINO"), *((("nncf", "NNCF (OpenVINO's int8 quantizer)"),) if int8 else ())):
+        try:
+            __import__(module)
+        except Exception as exc:  # noqa: BLE001  (ImportError, or a broken native library)
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            return f"{what} is not installed ({first}): {EXTRA}"
+    return None
+
+
+def _require(int8: bool = False) -> None:
+    reason = openvino_missing(int8)
+    if reason:
+        raise EffvisionError(reason)
+
+
+def _core():
+    import openvino as ov
+
+    return ov.Core()
+
+
+def read_ir(path: str | Path):
+    """The ov.Model of an IR file; a missing or unreadable file is one line."""
+    _require()
+    path = Path(path)
+    if not path.is_file():
+        raise EffvisionError(f"OpenVINO IR not found: {path}")
+    with open(path, "rb") as f:  # OpenVINO reads other formats by their content, whatever the name says
+        head = f.read(256).lstrip()
+    if not (head.startswith(b"<?xml") or head.startswith(b"<net")):
+        raise EffvisionError(f"cannot read {path} as an OpenVINO IR: it is not IR XML (an ONNX file is named .onnx)")
+    if not path.with_suffix(".bin").is_file():
+        raise EffvisionError(f"{path} has no weights file beside it ({path.with_suffix('.bin').name})")
+    try:
+        return _core().read_model(str(path))
+    except Exception as exc:  # noqa: BLE001  (OpenVINO's parse errors)
+        raise EffvisionError(f"cannot read {path} as an OpenVINO IR: {str(exc).splitlines()[0]}") from None
+
+
+def save_ir(model, path: str | Path) -> Path:
+    """Write the IR (.xml and .bin) through a temporary folder beside it, so that a failed write
+    leaves the old files whole; the weights go first (the .xml names what is read)."""
+    import openvino as ov
+
+    path = Path(path)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.stem}-") as tmp:
+        staged = Path(tmp) / "model.xml"
+        ov.save_model(model, str(staged), compress_to_fp16=False)  # fp16 weights are a precision, not a default
+        os.replace(staged.with_suffix(".bin"), path.with_suffix(".bin"))
+        os.replace(staged, path)
+    return path
+
+
+def export_ir(
+    model: nn.Module,
+    path: str | Path,
+    shape: list[int],
+    precision: str = "fp32",
+    calibration: Iterable[torch.Tensor] = (),
+    batch: int = 1,
+) -> Path:
+    """The model as an OpenVINO IR with a dynamic batch: converted from its ONNX export
+    (openvino.convert_model), int8 by nncf.quantize on the calibration batches."""
+    _require(int8=precision == "int8")
+    import openvino as ov
+
+    from .onnx_export import export_onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx = export_onnx(model, Path(tmp) / "model.onnx", shape)
+        try:
+            ir = ov.convert_model(str(onnx))
+        except Exception as exc:  # noqa: BLE001  (an operator OpenVINO's ONNX frontend lacks)
+            raise EffvisionError(f"OpenVINO cannot convert the ONNX export: {str(exc).splitlines()[0]}") from None
+    if precision == "int8":
+        ir = _quantize(ir, calibration)
+    return save_ir(ir, path)
+
+
+def _quantize(ir, calibration: Iterable[torch.Tensor]):
+    """NNCF's post-training quantization (its default preset: symmetric weights and activations,
+    per-channel weights, on every sample given)."""
+    import nncf
+
+    batches = [np.ascontiguousarray(x.numpy() if isinstance(x, torch.Tensor) else x, np.float32) for x in calibration]
+    if not batches:
+        raise EffvisionError("OpenVINO int8 needs calibration samples")
+    samples = sum(len(b) for b in batches)
+    return nncf.quantize(ir, nncf.Dataset(batches), subset_size=samples)
+
+
+def ir_input_shape(path: str | Path) -> list[int]:
+    """The IR's input shape, its batch first (0 where the batch is dynamic)."""
+    shape = read_ir(path).inputs[0].get_partial_shape()
+    return [d.get_length() if d.is_static else 0 for d in shape]
+
+
+def ir_precision(path: str | Path) -> str:
+    """int8 when NNCF put FakeQuantize nodes in the graph, else fp32."""
+    return "int8" if any(op.get_type_name() == "FakeQuantize" for op in read_ir(path).get_ops()) else "fp32"
+
+
+def ir_predictor(path: str | Path, threads: int | None = None):
+    """numpy batch -> numpy logits, compiled for the CPU with the latency hint (one request), in
+    f32: on a CPU with bf16 (AVX-512 BF16, AMX) OpenVINO otherwise computes an fp32 file in bf16
+    (logits 3.6e-3 of their scale off PyTorch here), which is a precision the file does not say."""
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    ir = read_ir(path)
+    try:
+        compiled = _core().compile_model(ir, "CPU", config)
+    except Exception as exc:  # noqa: BLE001
+        raise EffvisionError(f"OpenVINO cannot compile {path}: {str(exc).splitlines()[0]}") from None
+    request = compiled.create_infer_request()
+
+    def run(x) -> np.ndarray:
+        arr = x.numpy() if isinstance(x, torch.Tensor) else x
+        request.infer({0: np.ascontiguousarray(arr, np.float32)})
+        return np.array(request.get_output_tensor(0).data, dtype=np.float32)
+
+    return run
+
+
+def read_rt_info(path: str | Path, key: str) -> str | None:
+    ir = read_ir(path)
+    if not ir.has_rt_info([RT_INFO, key]):
+        return None
+    return str(ir.get_rt_info([RT_INFO, key]).astype(str))
+
+
+def write_rt_info(path: str | Path, key: str, text: str) -> None:
+    ir = read_ir(path)
+    ir.set_rt_info(text, [RT_INFO, key])
+    save_ir(ir, path)
