@@ -514,18 +514,19 @@ def _run_stages(recipe: Recipe, run_dir: Path, only_types: set[str] | None, inpu
 
 
 def _write_bundle(ctx: RunContext) -> None:
-    """runs/<name>/bundle/: the shipped ONNX file with its metadata, predict.py and a README, for
-    whoever runs it without effvision (deploy/bundle.py); none when no ONNX file ships."""
+    """runs/<name>/bundle/: the shipped file with its metadata, predict.py and a README, for whoever
+    runs it without effvision (deploy/bundle.py); none when what ships has no torch-free runtime."""
     from .deploy.bundle import write_bundle
     from .deploy.metadata import read_metadata
+    from .deploy.runtimes import runtime_of_kind, shipped_artifact
 
     where = ctx.run_dir / "bundle"
-    shipped = ctx.shipped_record() if ctx.records else None
-    onnx = shipped["artifacts"].get("onnx") if shipped else None
-    if onnx is None or read_metadata(ctx.run_dir / onnx) is None:  # a run folder older than the metadata
+    shipped = shipped_artifact(ctx.shipped_record()["artifacts"]) if ctx.records else None
+    bundled = shipped is not None and runtime_of_kind(shipped[0]).bundle_package is not None
+    if not bundled or read_metadata(ctx.run_dir / shipped[1]) is None:  # (a run folder older than the metadata)
         shutil.rmtree(where, ignore_errors=True)
         return
-    write_bundle(ctx.run_dir / onnx, where)
+    write_bundle(ctx.run_dir / shipped[1], where)
     log(f"bundle: {where} (python {where / 'predict.py'} IMAGES...)")
 
 

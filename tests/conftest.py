@@ -75,3 +75,21 @@ def image_root(tmp_path) -> Path:
     write_image_folder(tmp_path / "train")
     write_image_folder(tmp_path / "val", per_class=3)
     return tmp_path
+
+
+# A bundle's predict.py run with imports of torch, torchvision or effvision failing:
+# [sys.executable, "-I", "-c", HIDE_TORCH, "bundle/predict.py", ARGS...]
+HIDE_TORCH = """
+import runpy, sys
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "torchvision", "effvision"):
+            raise ImportError(f"{name} is hidden")
+sys.meta_path.insert(0, Hide())
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    assert not any(m.split(".")[0] in ("torch", "effvision") for m in sys.modules)
+"""

@@ -100,11 +100,15 @@ def export(
     from ..deploy import evaluate
     from ..deploy.exporters import export_verified, get_exporter, parity_path
     from ..deploy.metadata import for_artifact, write_metadata
+    from ..deploy.runtimes import runtime_of_path
     from ..fileio import write_json
 
     exporter = get_exporter(format, precision)  # unknown format or precision: one line, before any work
-    if bundle_dir is not None and format != "onnx":
-        raise EffvisionError("--bundle holds an ONNX file (its predict.py runs on onnxruntime): use --format onnx")
+    if bundle_dir is not None and runtime_of_path(f"model{exporter.suffix}").bundle_package is None:
+        raise EffvisionError(
+            "--bundle holds an ONNX file or an OpenVINO IR (its predict.py runs without torch): use --format onnx "
+            "or openvino"
+        )
     from ..models import load_model
 
     net = load_model(model, random_weights)

@@ -1,8 +1,9 @@
-"""A deployment bundle: what a device team needs to run a shipped ONNX file without effvision.
+"""A deployment bundle: what a device team needs to run a shipped file without effvision.
 
-<dir>/model.onnx        the file (its metadata inside)
+<dir>/model.onnx        the file (its metadata inside); an OpenVINO IR is model.xml and model.bin
 <dir>/model.json        the same metadata, plus the file's name and sha256
-<dir>/predict.py        onnxruntime + numpy + Pillow (PyAV or open3d for video or points)
+<dir>/predict.py        the file's runtime (onnxruntime or openvino) + numpy + Pillow (PyAV or open3d
+                        for video or points)
 <dir>/requirements.txt  those packages
 <dir>/README.md         how to call it, what the model expects, what it scored
 """
@@ -18,15 +19,26 @@ from ..fileio import atomic_dir, write_text
 from .metadata import read_metadata
 
 EXTRA = {"image": [], "video": ["av"], "points": ["open3d"]}
+# How the README tells a reader to open the file and find the metadata inside it, by its suffix.
+LOAD = {
+    ".onnx": (
+        "onnxruntime",
+        'onnxruntime.InferenceSession("model.onnx").get_modelmeta().custom_metadata_map["effvision"]',
+    ),
+    ".xml": ("openvino", 'openvino.Core().read_model("model.xml").get_rt_info(["effvision", "effvision"])'),
+}
 
 
 def write_bundle(artifact: str | Path, out_dir: str | Path) -> Path:
-    """Write the bundle of an ONNX file carrying effvision metadata into out_dir (replaced whole)."""
+    """Write the bundle of a file carrying effvision metadata into out_dir (replaced whole): an ONNX
+    file or an OpenVINO IR (runtimes whose files a predict.py without torch can run)."""
     from ..models.weights import sha256_of
+    from .runtimes import runtime_of_path
 
     artifact, out_dir = Path(artifact), Path(out_dir)
-    if artifact.suffix != ".onnx":
-        raise EffvisionError(f"a bundle holds an ONNX file, not {artifact.name}")
+    runtime = runtime_of_path(artifact)
+    if runtime.bundle_package is None:
+        raise EffvisionError(f"a bundle holds an ONNX file or an OpenVINO IR, not {artifact.name}")
     meta = read_metadata(artifact)
     if meta is None:
         raise EffvisionError(f"{artifact} carries no effvision metadata: export it with effvision first")
@@ -34,15 +46,15 @@ def write_bundle(artifact: str | Path, out_dir: str | Path) -> Path:
         not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / "model.json").is_file())
     ):
         raise EffvisionError(f"{out_dir} exists and is not a bundle: give a new or empty folder")
-    meta = {**meta, "file": "model.onnx", "sha256": sha256_of(artifact)}
+    meta = {**meta, "file": f"model{runtime.suffix}", "sha256": sha256_of(artifact)}
+    packages = [runtime.bundle_package, "numpy", "Pillow", *EXTRA[meta["modality"]]]
 
     def fill(tmp: Path) -> None:
-        shutil.copyfile(artifact, tmp / "model.onnx")
+        for f in runtime.files(artifact):  # model.onnx; model.xml and model.bin
+            shutil.copyfile(f, tmp / f"model{f.suffix}")
         write_text(tmp / "model.json", json.dumps(meta, indent=2) + "\n")
         shutil.copyfile(Path(__file__).with_name("standalone_predict.py"), tmp / "predict.py")
-        write_text(
-            tmp / "requirements.txt", "\n".join(["onnxruntime", "numpy", "Pillow", *EXTRA[meta["modality"]]]) + "\n"
-        )
+        write_text(tmp / "requirements.txt", "\n".join(packages) + "\n")
         write_text(tmp / "README.md", readme(meta))
 
     return atomic_dir(out_dir, fill)
@@ -74,6 +86,8 @@ def readme(meta: dict) -> str:
     )
     names = ", ".join(meta["classes"][:20]) + (" ..." if len(meta["classes"]) > 20 else "")
     made = src.get("recipe") or src.get("exported_from")
+    file = meta.get("file", "model.onnx")
+    package, inside = LOAD[Path(file).suffix]
     stage = f", stage {src['stage']}" if src.get("stage") else ""
     return f"""# {src.get("model") or "model"}: a deployment bundle
 
@@ -85,7 +99,7 @@ Made by effvision {src.get("effvision")} (commit {src.get("commit")}) from {made
     pip install -r requirements.txt
     python predict.py IMAGE_OR_FOLDER... [--topk 3] [--json predictions.json]
 
-Or in your own code: load `model.onnx` with onnxruntime, feed a float32 tensor {shape}
+Or in your own code: load `{file}` with {package}, feed a float32 tensor {shape}
 ({meta["input"]["layout"]}; input `{meta["input"]["name"]}`), read `{meta["output"]["name"]}` (logits; softmax them).
 
 ## What the model expects
@@ -98,6 +112,5 @@ Classes ({len(meta["classes"])}, in output order): {names}
 
 {scored}.
 
-The same metadata is in `model.json` and inside the ONNX file
-(`onnxruntime.InferenceSession("model.onnx").get_modelmeta().custom_metadata_map["effvision"]`).
+The same metadata is in `model.json` and inside the file (`{inside}`).
 """

@@ -67,9 +67,15 @@ class Runtime:
         """The file's precision, read off the file where it says; `said`, its exporter's word, where not."""
         return said or "fp32"
 
+    bundle_package: str | None = None  # the one package a bundle's predict.py runs its files with (None: no bundle)
+
+    def files(self, path: str | Path) -> list[Path]:
+        """The file and those it needs beside it (an IR's weights), as shipped."""
+        return [Path(path)]
+
     def file_bytes(self, path: str | Path) -> int:
         """What the file weighs as shipped (with the files it needs beside it)."""
-        return Path(path).stat().st_size
+        return sum(f.stat().st_size for f in self.files(path))
 
     keeps_metadata_inside = False  # else effvision's metadata is a JSON file beside it
 
@@ -85,7 +91,7 @@ class Runtime:
 @RUNTIMES.register("onnxruntime")
 class OnnxRuntimeFiles(Runtime):
     kind, suffix, export_format, default_backend = "onnx", ".onnx", "onnx", "onnxruntime-cpu"
-    describes, label = "an ONNX file", "ONNX"
+    describes, label, bundle_package = "an ONNX file", "ONNX", "onnxruntime"
 
     def predictor(self, path, backend=None):
         from .runtime import ort_session, run_session
@@ -146,11 +152,11 @@ class ExecutorchPrograms(Runtime):
 @RUNTIMES.register("openvino")
 class OpenvinoFiles(Runtime):
     kind, suffix, export_format, default_backend = "openvino", ".xml", "openvino", "openvino-cpu"
-    describes, label, rank = "an OpenVINO IR (.xml)", "OpenVINO IR", 2
+    describes, label, rank, bundle_package = "an OpenVINO IR (.xml)", "OpenVINO IR", 2, "openvino"
     keeps_metadata_inside = True  # the IR's rt_info
 
-    def file_bytes(self, path):
-        return Path(path).stat().st_size + Path(path).with_suffix(".bin").stat().st_size
+    def files(self, path):
+        return [Path(path), Path(path).with_suffix(".bin")]
 
     def predictor(self, path, backend=None):
         from .openvino_export import ir_predictor

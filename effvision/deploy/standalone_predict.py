@@ -1,11 +1,12 @@
 """Run the model of this bundle on files: python predict.py [--topk K] [--json FILE] INPUT...
 
 Copied into every deployment bundle (effvision export --bundle, runs/<name>/bundle/) as
-predict.py. It needs only onnxruntime, numpy and Pillow (PyAV for a video model, open3d for a
-point-cloud model's meshes and PLY/PCD files): neither torch nor effvision. The model's classes
-and preprocessing come from model.json beside it (the same document the ONNX file carries under
-metadata_props["effvision"]). Inputs: files or folders (walked recursively); a folder whose
-files sit in folders named after classes is also scored against those labels."""
+predict.py. It needs only the file's runtime (onnxruntime for model.onnx, openvino for an IR's
+model.xml), numpy and Pillow (PyAV for a video model, open3d for a point-cloud model's meshes and
+PLY/PCD files): neither torch nor effvision. The model's classes and preprocessing come from
+model.json beside it (the same document the file carries inside). Inputs: files or folders
+(walked recursively); a folder whose files sit in folders named after classes is also scored
+against those labels."""
 
 from __future__ import annotations
 
@@ -139,6 +140,30 @@ def inputs(args: list[str], modality: str) -> list[Path]:
     return found
 
 
+def onnxruntime_runner(model: Path):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: session.run(None, {name: x})[0]
+
+
+def openvino_runner(model: Path):
+    """An OpenVINO IR (model.xml, its weights in model.bin), in f32 as it was measured."""
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(
+        str(model), "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    )
+    request = compiled.create_infer_request()
+
+    def run(x):
+        request.infer({0: x})
+        return request.get_output_tensor(0).data.copy()
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="+", help="files or folders")
@@ -147,12 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="the ONNX file (default: the one beside this script)")
     args = parser.parse_args(argv)
 
-    import onnxruntime as ort
-
     meta = json.loads((HERE / "model.json").read_text())
     model = Path(args.model) if args.model else HERE / meta["file"]
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
+    run = openvino_runner(model) if model.suffix == ".xml" else onnxruntime_runner(model)
     classes, p, read = meta["classes"], meta["preprocessing"], READERS[meta["modality"]]
     rows, correct, labelled, start = [], 0, 0, time.perf_counter()
     for path in inputs(args.inputs, meta["modality"]):
@@ -161,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a bad file is a status line, never a stop
             print(f"{path}: skipped: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}")
             continue
-        logits = session.run(None, {name: x})[0][0].astype(np.float64)
+        logits = run(x)[0].astype(np.float64)
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
         top = [(classes[i], float(probs[i])) for i in np.argsort(-probs)[: args.topk]]
