@@ -203,6 +203,7 @@ def test_a_timm_model_with_a_new_head_on_an_image_folder(tmp_path):
     assert data["train_size"] == len(train) and data["num_classes"] == 3 and data["input_shape"] == [3, 32, 32]
 
 
+@pytest.mark.slow  # 20-25 s; make test runs the same API on the caller's module and dataset (above)
 def test_the_example_script_runs(tmp_path):
     """examples/compress_own_model.py, as a user runs it."""
     from pathlib import Path

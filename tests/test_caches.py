@@ -158,6 +158,7 @@ def _one_line(stderr: str, *fragments: str) -> str:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux", reason="mounting a small tmpfs needs root on Linux")
+@pytest.mark.slow  # 25-30 s: a whole run on a small tmpfs, then resumed
 def test_a_run_on_a_full_disk_says_which_file_keeps_its_stages_and_resumes(tmp_path):
     """A real full disk (a 420 kB tmpfs): the run stops writing an epoch checkpoint of its first
     training stage (two copies of model and optimizer do not fit), keeps the epoch before, and

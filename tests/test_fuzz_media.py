@@ -87,6 +87,7 @@ def fuzz(n: int, seed: int, tmp_path: Path) -> list[dict]:
 
 
 @needs_shared
+@pytest.mark.slow  # 20 s of mutated real media; make test keeps the hand-made bad files
 def test_mutated_media_each_get_a_status(tmp_path):
     rows = fuzz(100, 0, tmp_path)  # a thousand in make bench, below
     assert len(rows) == 100 and sum(not r["ok"] for r in rows) > 0  # mutations do break files

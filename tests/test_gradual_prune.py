@@ -3,6 +3,7 @@ sparsity training before pruning."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import tiny_recipe
 
@@ -51,6 +52,7 @@ def test_prune_stage_trains_between_iterative_steps(tmp_path):
     assert gradual["accuracy"] > at_once["accuracy"] + 0.3 and gradual["accuracy"] > 0.6, (gradual, at_once)
 
 
+@pytest.mark.slow  # 16-32 s: two prune runs compared
 def test_sparsity_training_makes_pruning_lose_less(tmp_path):
     """Two epochs of distillation with torch-pruning's group-norm regulariser before a one-shot
     half prune of the digits ResNet-8, against the same two epochs with a negligible coefficient:

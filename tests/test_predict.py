@@ -143,6 +143,7 @@ def cifar_exports(tmp_path_factory):
 
 
 @needs_shared
+@pytest.mark.slow  # 40-50 s: the Lite0 card exported twice and verified on the shared images
 def test_a_card_exported_by_name_is_the_cards_model(cifar_exports):
     files, _ = cifar_exports
     card = model_card(CARD).trained.accuracy
@@ -167,6 +168,7 @@ def _predict_real_images(path, out_json):
 
 
 @needs_shared
+@pytest.mark.slow  # the card's exports (40-50 s, above); make test checks predict and bundles on digits
 def test_predict_on_the_real_images_scores_the_cards_accuracy(cifar_exports, tmp_path):
     files, _ = cifar_exports
     card = model_card(CARD).trained.accuracy
@@ -223,6 +225,7 @@ def test_predict_on_300_images_takes_seconds(cifar_exports, tmp_path):
 
 
 @needs_shared
+@pytest.mark.slow  # the card's exports (40-50 s, above); make test checks predict and bundles on digits
 def test_the_bundle_runs_without_torch_and_agrees_with_predict(cifar_exports, tmp_path):
     files, bundle = cifar_exports
     cmd = [sys.executable, "-I", "-c", HIDE_TORCH, str(bundle / "predict.py"), str(CIFAR_IMAGES)]

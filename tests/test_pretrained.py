@@ -231,6 +231,7 @@ def test_video_networks_take_the_pretrained_card_as_their_frame_backbone(arch):
 
 
 @needs_lite0
+@pytest.mark.slow  # 25-45 s: the example fine-tunes Lite0
 def test_the_finetune_example_runs_on_an_image_folder(tmp_path):
     """examples/finetune_pretrained.py as a user runs it, on a tiny ImageFolder (the figures on
     CIFAR-10 are BENCHMARKS.md's): the pretrained body fine-tunes, exports and is timed."""

@@ -269,6 +269,7 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPU cores for 2 processes")
+@pytest.mark.slow  # 70 s; make test kills one process inside training and distillation (above)
 def test_two_processes_killed_inside_training_end_as_if_never_stopped(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({**RECIPE, "stages": RECIPE["stages"][:1]}))

@@ -218,7 +218,7 @@ def _worker(recipe: Path, folder: Path, url: str | None, trials: int, log: Path)
     return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-@pytest.mark.slow  # 35 s; make test runs the same sharing on PostgreSQL (with a killed worker)
+@pytest.mark.slow  # 35 s; sharing on PostgreSQL with a killed worker is in make bench too (below)
 def test_two_workers_share_one_embedded_study(recipe, tmp_path):
     folder = tmp_path / "study"
     folder.mkdir()
@@ -321,6 +321,7 @@ def postgres(tmp_path):
         subprocess.run(["rm", "-rf", str(data)])
 
 
+@pytest.mark.slow  # 45 s; make test keeps a trial failed by another worker run again
 def test_postgres_workers_share_a_study_and_survive_a_killed_worker(recipe, tmp_path, postgres):
     folder = tmp_path / "study"
     folder.mkdir()

@@ -138,6 +138,7 @@ def test_tensor_batches_give_each_rank_its_own_share():
     assert len(got[0]) == len(got[1]) == 15 and not set(got[0]) & set(got[1])
 
 
+@pytest.mark.slow  # 60-80 s: two 6-epoch trainings; make test keeps the tensor loader's own tests
 def test_tensor_data_trains_like_the_dataloader(digits):
     accs = [
         fit(
