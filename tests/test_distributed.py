@@ -22,6 +22,7 @@ def _train_metrics(run_dir):
     return json.loads((run_dir / "stages" / "1-baseline" / "metrics.json").read_text())
 
 
+@pytest.mark.slow  # 30-35 s: two training processes and one; make test keeps the options' checks (below)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPU cores for 2 processes")
 def test_two_processes_train_digits_like_one(tmp_path):
     scratch = tmp_path / "tmp"
