@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 # This machine's pip config names local indexes that may be absent; their warnings are noise.
 PIP_FILTER := grep -v "^WARNING: Location '" || true
 
-.PHONY: install demo lint format docs readme-check test test-each test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu bench-int8 bench-qat bench-latency bench-pareto gpu-bench gpu-speedrun gpu-data gpu-wheels gpu-rehearse sysdeps clean help
+.PHONY: install litert-converter demo lint format docs readme-check test test-each test-all zoo-compat bench bench-video bench-points bench-data bench-speed bench-cpu bench-int8 bench-qat bench-latency bench-pareto gpu-bench gpu-speedrun gpu-data gpu-wheels gpu-rehearse sysdeps clean help
 
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
@@ -20,6 +20,7 @@ help:
 	@echo "make readme-check - run every README.md command in order on a fresh clone of HEAD (21 min on 2 cores)"
 	@echo "make test-each - each test file alone, in the suite's order (make test's time and a start-up per file)"
 	@echo "make test-all - every test: the zoo-wide conformance sweep and the slow ones too"
+	@echo "make litert-converter - LiteRT's converter (litert-torch) in .venv-litert, for --format litert (its pins clash with .venv's)"
 	@echo "make bench  - slow tests and the CIFAR-10 pipeline on ../shared/datasets"
 	@echo "make bench-video - video loader speed and memory, the video demo and its single-frame twin (BENCHMARKS.md)"
 	@echo "make bench-points - point-cloud loader and FPS speed, and the point-cloud demo (BENCHMARKS.md)"
@@ -39,7 +40,7 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing effvision and its pinned dependencies into $(VENV) ..."
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,edge,openvino,pretrained,search,docs]' 2>&1 | $(PIP_FILTER)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,edge,openvino,litert,pretrained,search,docs]' 2>&1 | $(PIP_FILTER)
 	@$(BIN)/python -c "import effvision, torch, onnxruntime, torch_pruning, timm" 
 	@touch $(STAMP)
 
@@ -56,6 +57,18 @@ sysdeps:
 	    (apt-get update -qq && apt-get install -y -qq libusb-1.0-0 >/dev/null) || echo "note: could not install libusb-1.0-0: point-cloud commands will say so"; \
 	  else echo "note: libusb-1.0-0 is missing and this is not root with apt-get: run 'sudo apt-get install libusb-1.0-0' for point clouds"; fi; \
 	fi
+
+# LiteRT's converter (litert-torch) in an environment of its own, .venv-litert: its pins clash
+# with effvision's (xdsl pins typing-extensions < 4.13, pydantic needs >= 4.14). A .pth file puts
+# .venv's packages last on its path, so torch is shared (not installed twice, 0.9 GB instead of
+# 6.6 GB) while its own pins come first. `effvision export --format litert` runs it as a child.
+LITERT_VENV := .venv-litert
+litert-converter: install
+	@test -x $(LITERT_VENV)/bin/python || $(PYTHON) -m venv $(LITERT_VENV)
+	@$(LITERT_VENV)/bin/python -c "import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'effvision-project.pth').write_text(sys.argv[1] + '\\n')" "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	@echo "installing litert-torch into $(LITERT_VENV) (about a minute) ..."
+	@$(LITERT_VENV)/bin/python -m pip install -q --disable-pip-version-check litert-torch==0.10.0 2>&1 | grep -v "^WARNING: Location '\|dependency resolver\|requires .* but you have" || true
+	@$(LITERT_VENV)/bin/python -c "import litert_torch" 2>/dev/null && echo "the LiteRT converter is ready: effvision export --format litert"
 
 demo: install
 	$(BIN)/effvision compress compress/default.yaml --run-dir runs/demo

@@ -37,6 +37,7 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("artifacts.onnx", "an ONNX file"),
             ("artifacts.pte", "an ExecuTorch file"),
             ("artifacts.openvino", "an OpenVINO IR (`.xml`, its weights in the `.bin` beside it)"),
+            ("artifacts.tflite", "a LiteRT file (`.tflite`)"),
             ("artifacts.selection", "a select stage's `selection.json`"),
             (
                 "env",

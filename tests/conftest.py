@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -93,3 +96,24 @@ try:
 finally:
     assert not any(m.split(".")[0] in ("torch", "effvision") for m in sys.modules)
 """
+
+
+def run_cli(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`effvision ARGS` in a child process (a runtime's native libraries stay out of the suite's)."""
+    cmd = [sys.executable, "-m", "effvision.cli", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+
+
+def child_json(code: str) -> dict:
+    """What a Python snippet prints last, as JSON, run in a child process."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def one_error_line(out: subprocess.CompletedProcess, *fragments) -> None:
+    """A child's exit 1 with one line on stderr, "effvision: error: ...", holding each fragment."""
+    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+    assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith("effvision: error:"), out.stderr
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HIDE_TORCH, write_image_folder
+from conftest import HIDE_TORCH, child_json, one_error_line, run_cli, write_image_folder
 
 from effvision.cli import main
 
@@ -22,25 +22,6 @@ needs_openvino = pytest.mark.skipif(
     importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None,
     reason="the [openvino] extra is not installed",
 )
-
-
-def effvision(*args) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "effvision.cli", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-
-
-def python(code: str) -> dict:
-    """What a snippet prints as JSON, run in a child process."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def one_line(out: subprocess.CompletedProcess, *fragments):
-    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
-    assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith("effvision: error:"), out.stderr
-    for f in fragments:
-        assert f in lines[0], (f, lines[0])
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +32,12 @@ def digits_files(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("openvino")
     common = [save_checkpoint(load_model("cifar_resnet8", random_weights=True), out / "m.pt"), "--data", "digits"]
+    assert main(["export", *map(str, common), "--out", str(out / "m.onnx")]) == 0  # (ONNX: in this process)
     for extra in (
-        ["--out", out / "m.onnx"],
         ["--format", "openvino", "--out", out / "m.xml", "--bundle", out / "bundle"],
         ["--format", "openvino", "--precision", "int8", "--out", out / "q.xml"],
     ):
-        done = effvision("export", *common, *extra)
+        done = run_cli("export", *common, *extra)
         assert done.returncode == 0, done.stderr
     return out
 
@@ -67,7 +48,7 @@ def test_an_ir_is_verified_against_pytorch_and_carries_its_metadata(digits_files
     assert fp32["relative_diff"] < 1e-4 and fp32["top1_agreement"] == 1.0
     int8 = json.loads((digits_files / "q.xml.parity.json").read_text())
     assert int8["top1_agreement"] >= 0.9
-    read = python(
+    read = child_json(
         "import json; from effvision.deploy.metadata import read_metadata; "
         "from effvision.deploy.runtimes import runtime_of_path; "
         f"d = {str(digits_files)!r}; r = runtime_of_path('m.xml'); "
@@ -86,7 +67,7 @@ def test_predict_and_the_ir_bundle_agree_with_predict_on_the_onnx_file(digits_fi
     images = write_image_folder(tmp_path / "images", classes=("0", "1"), per_class=4)
     tops = {}
     for name in ("m.onnx", "m.xml"):
-        done = effvision("predict", digits_files / name, images, "--quiet", "--json", tmp_path / f"{name}.json")
+        done = run_cli("predict", digits_files / name, images, "--quiet", "--json", tmp_path / f"{name}.json")
         assert done.returncode == 0, done.stderr
         rows = json.loads((tmp_path / f"{name}.json").read_text())["predictions"]
         tops[name] = {r["input"]: r["top"][0]["class"] for r in rows}
@@ -104,7 +85,7 @@ def test_predict_and_the_ir_bundle_agree_with_predict_on_the_onnx_file(digits_fi
 
 @needs_openvino
 def test_onnx_and_openvino_files_are_timed_side_by_side(digits_files):
-    rows = python(
+    rows = child_json(
         "import json; from effvision.deploy.bench import compare; "
         "from effvision.deploy.runtimes import runtime_of_path; "
         f"d = {str(digits_files)!r}; shape = runtime_of_path('m.onnx').input_shape(d + '/m.onnx')[1:]; "
@@ -118,18 +99,18 @@ def test_onnx_and_openvino_files_are_timed_side_by_side(digits_files):
 
 @needs_openvino
 def test_a_file_given_to_the_wrong_runtime_or_half_an_ir_is_one_line(digits_files, tmp_path):
-    one_line(
-        effvision("predict", digits_files / "m.xml", tmp_path, "--backend", "onnxruntime-cpu"),
+    one_error_line(
+        run_cli("predict", digits_files / "m.xml", tmp_path, "--backend", "onnxruntime-cpu"),
         "does not run an OpenVINO IR",
         "openvino-cpu",
     )
     lonely = tmp_path / "lonely.xml"
     lonely.write_bytes((digits_files / "m.xml").read_bytes())
-    one_line(effvision("bench", lonely), "no weights file beside it", "lonely.bin")
+    one_error_line(run_cli("bench", lonely), "no weights file beside it", "lonely.bin")
     fake = tmp_path / "fake.xml"  # OpenVINO reads files by their content: an ONNX file named .xml
     fake.write_bytes((digits_files / "m.onnx").read_bytes())
     fake.with_suffix(".bin").write_bytes(b"")
-    one_line(effvision("bench", fake), "cannot read", "as an OpenVINO IR")
+    one_error_line(run_cli("bench", fake), "cannot read", "as an OpenVINO IR")
 
 
 def test_openvino_not_installed_is_one_line_naming_the_extra(capsys, tmp_path, monkeypatch):

@@ -238,6 +238,40 @@ def test_the_bundle_runs_without_torch_and_agrees_with_predict(cifar_exports, tm
     assert len(ours) == 300 and ours == theirs
 
 
+@needs_shared
+@pytest.mark.slow  # the card exported to two more runtimes with bundles, 1,200 predictions: about 2 min
+def test_every_runtime_and_its_bundle_predicts_the_real_images_as_the_onnx_file_does(cifar_exports, tmp_path):
+    """`effvision predict` on an OpenVINO IR and a LiteRT file, and their bundles' predict.py without
+    torch, give each of the 300 real images the top-1 class predict gives it on the ONNX file."""
+    from effvision.deploy.litert_export import converter_python
+
+    files, _ = cifar_exports
+    formats = {"openvino": ".xml", "litert": ".tflite"}
+    if converter_python() is None:
+        formats.pop("litert")  # (its converter is set up by make litert-converter)
+
+    def tops(json_file):
+        return {r["input"]: r["top"][0]["class"] for r in json.loads(json_file.read_text())["predictions"]}
+
+    _predict_real_images(files["fp32"], tmp_path / "onnx.json")
+    want = tops(tmp_path / "onnx.json")
+    assert len(want) == 300
+    for fmt, suffix in formats.items():
+        path, bundle = tmp_path / f"sn{suffix}", tmp_path / f"{fmt}-bundle"
+        args = ["export", CARD, "--format", fmt, "--out", str(path), "--bundle", str(bundle)]
+        done = subprocess.run(  # (child processes: the runtimes' native libraries stay out of this one)
+            [sys.executable, "-m", "effvision.cli", *args, "--data-root", str(SHARED / "datasets")],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        _predict_real_images(path, tmp_path / f"{fmt}.json")
+        cmd = [sys.executable, "-I", "-c", HIDE_TORCH, str(bundle / "predict.py"), str(CIFAR_IMAGES)]
+        out = subprocess.run(cmd + ["--json", str(tmp_path / f"{fmt}-b.json")], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert tops(tmp_path / f"{fmt}.json") == want and tops(tmp_path / f"{fmt}-b.json") == want, fmt
+
+
 # ------------------------------------------------------------------ real clips and clouds
 
 

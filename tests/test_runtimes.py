@@ -86,3 +86,48 @@ def test_latency_tables_are_keyed_by_the_version_of_what_runs_the_backend(monkey
     assert machine_key("executorch", 1, cpu) == pte
     monkeypatch.setattr(Executorch, "versions", classmethod(lambda cls: ["0.0.1"]))
     assert machine_key("executorch", 1, cpu) != pte
+
+
+def test_bench_runtimes_times_every_file_side_by_side_with_its_parity_and_top1(tmp_path):
+    """bench --runtimes: each runtime's file in each precision, verified and scored on digits, timed
+    interleaved per batch against ONNX Runtime's fp32 file (in a child process: ExecuTorch's and
+    the other runtimes' native libraries stay out of the suite's process)."""
+    import json
+    import subprocess
+    import sys
+
+    from effvision.deploy.executorch_export import executorch_missing
+
+    names = "onnxruntime" + ("" if executorch_missing() else ",executorch")
+    out = tmp_path / "cmp.json"
+    cmd = [sys.executable, "-m", "effvision.cli", "bench", "cifar_resnet8", "--runtimes", names, "--data", "digits"]
+    cmd += ["--batch", "1,2", "--repeats", "4", "--rounds", "2", "--warmup", "1", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(out.read_text())
+    files = {f["target"]: f for f in found["files"]}
+    assert {"onnxruntime fp32", "onnxruntime int8"} <= set(files)
+    if "executorch" in names:  # a .pte runs the batch it was exported for: one file per batch
+        assert {"executorch fp32 b1", "executorch fp32 b2", "executorch int8 b1"} <= set(files)
+    assert files["onnxruntime fp32"]["relative_diff"] < 1e-4 and 0 <= files["onnxruntime int8"]["top1"] <= 1
+    rows = {(r["target"], r["batch"]): r for r in found["results"]}
+    for b in (1, 2):
+        assert rows[("onnxruntime fp32", b)]["speedup_vs_onnxruntime_fp32"] == 1.0
+        here = [t for t in files if not t.split()[-1].startswith("b") or t.split()[-1] == f"b{b}"]
+        assert {t for t, batch in rows if batch == b} == set(here)
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["cifar_resnet8", "--runtimes", "tensorrt"], "unknown runtime tensorrt"),
+        (["cifar_resnet8", "--runtimes", "executorch"], "against ONNX Runtime's fp32 file"),
+        (["m.onnx", "--runtimes", "all"], "give a checkpoint or a model name"),
+    ],
+)
+def test_bench_runtimes_bad_input_is_one_line(args, fragment, capsys):
+    from effvision.cli import main
+
+    assert main(["bench", *args]) == 1
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], lines

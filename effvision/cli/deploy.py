@@ -68,12 +68,15 @@ def export(
     format: str = typer.Option(
         "onnx",
         "--format",
-        help="onnx (fp32, fp16, int8), executorch (fp32, int8; XNNPACK, needs the [edge] extra) or openvino "
-        "(fp32, int8 by NNCF; needs the [openvino] extra).",
+        help="onnx (fp32, fp16, int8), executorch (fp32, int8; XNNPACK, needs the [edge] extra), openvino "
+        "(fp32, int8 by NNCF; needs the [openvino] extra) or litert (.tflite: fp32, int8; needs the [litert] extra "
+        "and `make litert-converter`).",
     ),
     precision: str = typer.Option("fp32", help="fp32, fp16 or int8 (static, calibrated on --data)."),
     out_file: Optional[Path] = typer.Option(
-        None, "--out", help="Output file (default model.onnx / model.pte / model.xml, with model.bin beside it)."
+        None,
+        "--out",
+        help="Output file (default model.onnx / model.pte / model.xml, with model.bin beside it / model.tflite).",
     ),
     data: Optional[str] = typer.Option(
         None,
@@ -92,7 +95,7 @@ def export(
     """Export a model (dynamic batch) and verify it against PyTorch on validation samples; the
     parity figures are written beside the file as <file>.parity.json, and the file carries its
     classes, preprocessing and measured accuracy (ONNX metadata_props["effvision"]; an OpenVINO IR's
-    rt_info; <file>.json beside a .pte)."""
+    rt_info; a .tflite file's metadata table; <file>.json beside a .pte)."""
     import torch
 
     from ..compression.selection import calibration_indices
@@ -106,8 +109,8 @@ def export(
     exporter = get_exporter(format, precision)  # unknown format or precision: one line, before any work
     if bundle_dir is not None and runtime_of_path(f"model{exporter.suffix}").bundle_package is None:
         raise EffvisionError(
-            "--bundle holds an ONNX file or an OpenVINO IR (its predict.py runs without torch): use --format onnx "
-            "or openvino"
+            "--bundle holds an ONNX file, an OpenVINO IR or a LiteRT file (its predict.py runs without torch): "
+            "use --format onnx, openvino or litert"
         )
     from ..models import load_model
 
@@ -177,10 +180,22 @@ def bench(
     ),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Write results.json, results.md and bench.png here."),
+    runtimes: Optional[str] = typer.Option(
+        None,
+        "--runtimes",
+        help="all, or a comma list of onnxruntime, executorch, openvino, litert: the model exported to each in "
+        "each --precision (default fp32,int8), every file verified, all timed interleaved in one process per "
+        "batch, with its speed-up over ONNX Runtime's fp32 file; with --data-root or --data, each file's top-1 "
+        "on the whole validation split.",
+    ),
+    data: Optional[str] = typer.Option(None, help="With --runtimes: the dataset that verifies, calibrates, scores."),
+    data_root: Optional[str] = typer.Option(None, help="With --runtimes: data.root for that dataset."),
+    rounds: int = typer.Option(10, help="With --runtimes: interleaved rounds (repeats are split among them)."),
 ):
     """Latency p50/p90/p99, throughput, peak memory and share of the device's peak, per backend,
     precision and batch size, with warm-up and repeats. A model is exported first for backends
-    that run files (int8 calibrated on random inputs: for speed, not accuracy)."""
+    that run files (int8 calibrated on random inputs: for speed, not accuracy). With --runtimes:
+    which runtime ships the model fastest, side by side."""
     from ..deploy.backends import check_pair
     from ..deploy.bench import bench_model, benchmark, settle_shares
     from ..deploy.results import write_results
@@ -195,6 +210,18 @@ def bench(
     batches = csv(batch, int)
     if not batches or min(batches) < 1:
         raise EffvisionError(f"--batch {batch}: give positive batch sizes")
+    if runtimes is not None:
+        return _bench_runtimes(
+            artifact,
+            csv(runtimes),
+            csv(precision or "fp32,int8"),
+            batches,
+            data,
+            data_root,
+            json_file,
+            out_dir,
+            dict(warmup=warmup, repeats=repeats, rounds=rounds, threads=threads),
+        )
     precisions = csv(precision) if precision else None
     rf = Roofline(dev) if roofline else None
     kw = dict(
@@ -211,7 +238,7 @@ def bench(
     if files.suffix is not None:
         if not Path(artifact).is_file():
             raise EffvisionError(f"file not found: {artifact}")
-        backends = csv(backend) if backend else [files.default_backend]
+        backends = [files.check_backend(b) for b in csv(backend)] if backend else [files.default_backend]
         precisions = precisions or [files.precision(artifact)]
         program = files.input_shape(artifact)
         shape = program[1:]
@@ -221,10 +248,6 @@ def bench(
         for b in backends:
             for p in precisions:
                 check_pair(b, p, dev)
-                if b in ("torch-eager", "torch-compile"):
-                    raise EffvisionError(
-                        f"backend '{b}' runs a torch model: give a checkpoint or a model name, not {artifact}"
-                    )
                 rows += benchmark(artifact, shape, b, p, **kw)
     else:
         net = _bench_model(artifact)
@@ -242,8 +265,68 @@ def bench(
         out.print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
+def _bench_runtimes(artifact, names, precisions, batches, data, data_root, json_file, out_dir, timing) -> None:
+    """bench --runtimes: the model on every runtime asked for, side by side (deploy/runtime_compare.py)."""
+    import tempfile
+
+    import torch
+
+    from ..compression.selection import calibration_indices
+    from ..data.selectors import CalibrationConfig
+    from ..deploy.results import write_results
+    from ..deploy.runtime_compare import compare_runtimes, runtimes_asked
+    from ..deploy.runtimes import runtime_of_path
+    from ..env import collect_env
+    from ..fileio import write_json
+
+    if runtime_of_path(artifact).suffix is not None:
+        raise EffvisionError("--runtimes compares one model across runtimes: give a checkpoint or a model name")
+    chosen, notes = runtimes_asked(names)  # unknown or missing runtimes: one line, before any work
+    for note in notes:
+        out.print(note)
+    net = _bench_model(artifact)
+    shape = list(net.effvision_spec["input_size"])
+    calibration = val = None
+    if data is not None or data_root is not None:
+        bundle = _export_data(net, data, data_root)
+        indices = calibration_indices(bundle, CalibrationConfig(n=256), net, torch.device("cpu"))
+        calibration, val = bundle.train_eval_loader(indices, batch_size=32), bundle.val_loader()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(out_dir) / "files" if out_dir else Path(tmp)
+        rows, files = compare_runtimes(net, shape, chosen, precisions, batches, work, calibration, val, **timing)
+    table(
+        f"bench --runtimes: {artifact} on the CPU, interleaved",
+        ["runtime", "precision", "batch", "p50 ms", "x ONNX fp32", "MB", "rel. diff", "agree", "top-1"],
+        [
+            [
+                r["runtime"],
+                r["precision"],
+                str(r["batch"]),
+                f"{r['p50']:.3f}",
+                f"{r['speedup_vs_onnxruntime_fp32']:.2f}",
+                f"{f['size_bytes'] / 1e6:.2f}",
+                *(
+                    [f"{f['relative_diff']:.1e}", f"{f['top1_agreement']:.3f}", f"{f['top1']:.4f}"]
+                    if "top1" in f
+                    else ["-", "-", "-"]
+                ),
+            ]
+            for r in rows
+            for f in [next(f for f in files if f["target"] == r["target"])]
+        ],
+    )
+    meta = {"artifact": artifact, "input_shape": shape, "files": files, "notes": notes, "env": collect_env()}
+    if json_file:
+        write_json(json_file, {**meta, "results": rows})
+    if out_dir:
+        paths = write_results(rows, out_dir, meta, f"effvision bench --runtimes: {artifact}")
+        out.print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
 def predict(
-    artifact: str = typer.Argument(..., help="An .onnx or .pte file, an effvision checkpoint or a zoo card name."),
+    artifact: str = typer.Argument(
+        ..., help="An .onnx, .pte, .xml or .tflite file, an effvision checkpoint or a zoo card name."
+    ),
     inputs: list[str] = typer.Argument(..., help="Image, video or point-cloud files, folders (recursive), zips."),
     topk: int = typer.Option(3, "--topk", min=1, help="Classes shown per input."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write every prediction and the summary here."),
@@ -251,7 +334,7 @@ def predict(
     backend: Optional[str] = typer.Option(
         None,
         help="onnxruntime-cpu (default for .onnx), onnxruntime-cuda, executorch (.pte), openvino-cpu (.xml), "
-        "torch-eager (models).",
+        "litert-cpu (.tflite), torch-eager (models).",
     ),
     mean: Optional[str] = typer.Option(None, help="For a file without effvision metadata: mean per channel, 0..1."),
     std: Optional[str] = typer.Option(None, help="For a file without effvision metadata: std per channel."),

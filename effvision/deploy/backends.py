@@ -73,6 +73,18 @@ class Backend:
     def load(self, target, shape: list[int], opts: BenchOptions) -> Loaded:
         raise NotImplementedError
 
+    def check_file(self, path, opts: BenchOptions) -> None:
+        """A file backend's target: a path of its runtime's kind, in the precision asked for (read off
+        the file by its runtime); else one line."""
+        from .runtimes import runtime_taking
+
+        runtime = runtime_taking(self.takes)
+        if not isinstance(path, (str, Path)):
+            raise EffvisionError(f"{self.name} runs {runtime.describes}")
+        found = runtime.precision(path)
+        if found != opts.precision:
+            raise EffvisionError(f"{path} is a {found} model, not {opts.precision}")
+
 
 @BACKENDS.register("torch-eager")
 class TorchEager(Backend):
@@ -154,13 +166,9 @@ class OnnxRuntime(Backend):
         return None
 
     def load(self, path, shape, opts):
-        from .runtime import onnx_precision, ort_session
+        from .runtime import ort_session
 
-        if not isinstance(path, (str, Path)):
-            raise EffvisionError(f"{self.name} runs an .onnx file")
-        found = onnx_precision(path)
-        if found != opts.precision:
-            raise EffvisionError(f"{path} is a {found} model, not {opts.precision}")
+        self.check_file(path, opts)
         providers = [self.provider] + (["CPUExecutionProvider"] if self.provider != "CPUExecutionProvider" else [])
         session = ort_session(path, threads=opts.threads, providers=providers, spinning=not opts.side_by_side)
         if session.get_providers()[0] != self.provider:  # ORT falls back to the CPU with only a warning
@@ -235,14 +243,31 @@ class OpenvinoCpu(Backend):
         return openvino_missing()
 
     def load(self, path, shape, opts):
-        from .openvino_export import ir_precision, ir_predictor
+        from .openvino_export import ir_predictor
 
-        if not isinstance(path, (str, Path)):
-            raise EffvisionError(f"{self.name} runs an OpenVINO IR (.xml)")
-        found = ir_precision(path)
-        if found != opts.precision:
-            raise EffvisionError(f"{path} is a {found} model, not {opts.precision}")
+        self.check_file(path, opts)
         return Loaded(ir_predictor(path, opts.threads), lambda b: random_batch(b, shape).numpy())
+
+
+@BACKENDS.register("litert-cpu")
+class LitertCpu(Backend):
+    """A LiteRT file (.tflite) in ai-edge-litert's interpreter, XNNPACK on the CPU."""
+
+    takes = ".tflite"
+    supports = {"cpu": ("fp32", "int8")}
+    packages = ("ai-edge-litert",)
+
+    @classmethod
+    def missing(cls):
+        from .litert_export import litert_missing
+
+        return litert_missing()
+
+    def load(self, path, shape, opts):
+        from .litert_export import tflite_predictor
+
+        self.check_file(path, opts)
+        return Loaded(tflite_predictor(path, opts.threads), lambda b: random_batch(b, shape).numpy())
 
 
 def backend(name: str) -> Backend:

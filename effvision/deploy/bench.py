@@ -183,7 +183,7 @@ def benchmark(
 def compare(
     targets: dict[str, tuple],
     shape: list[int],
-    backend: str,
+    backend: str | None,
     batches: Iterable[int] = (1, 32),
     device: str | torch.device = "auto",
     warmup: int = 10,
@@ -191,12 +191,14 @@ def compare(
     rounds: int = 10,
     threads: int | None = None,
 ) -> list[dict]:
-    """Targets on one backend, side by side: each (file or model, precision[, its own input shape])
-    loaded once, then timed interleaved (measure_interleaved) per batch. One row per target and
-    batch, with `target`; e.g. {"reference": ("fp32.onnx", "fp32"), "final": ("int8.onnx", "int8")}."""
+    """Targets side by side: each (file or model, precision[, its own input shape]) loaded once on
+    `backend` (None: each on its runtime's default backend, as runtimes are compared), then timed
+    interleaved (measure_interleaved) per batch. One row per target and batch, with `target`;
+    e.g. {"reference": ("fp32.onnx", "fp32"), "final": ("int8.onnx", "int8")}."""
     device = resolve_device(device) if isinstance(device, str) else device
+    backends = {name: backend or default_backend(spec[0]) for name, spec in targets.items()}
     loaded = {
-        name: check_pair(backend, spec[1], device).load(
+        name: check_pair(backends[name], spec[1], device).load(
             spec[0],
             list(spec[2]) if len(spec) > 2 else shape,
             BenchOptions(device=device, precision=spec[1], threads=threads, side_by_side=True),
@@ -207,7 +209,7 @@ def compare(
     for b in batches:
         timed = measure_interleaved(loaded, b, device, warmup, repeats, rounds)
         rows += [
-            {"target": n, "backend": backend, "precision": targets[n][1], "device": str(device), **row}
+            {"target": n, "backend": backends[n], "precision": targets[n][1], "device": str(device), **row}
             for n, row in timed.items()
         ]
     return rows

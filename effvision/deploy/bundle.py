@@ -1,8 +1,9 @@
 """A deployment bundle: what a device team needs to run a shipped file without effvision.
 
-<dir>/model.onnx        the file (its metadata inside); an OpenVINO IR is model.xml and model.bin
+<dir>/model.onnx        the file (its metadata inside); an OpenVINO IR is model.xml and model.bin,
+                        a LiteRT file model.tflite
 <dir>/model.json        the same metadata, plus the file's name and sha256
-<dir>/predict.py        the file's runtime (onnxruntime or openvino) + numpy + Pillow (PyAV or open3d
+<dir>/predict.py        the file's runtime (onnxruntime, openvino or ai-edge-litert) + numpy + Pillow (PyAV or open3d
                         for video or points)
 <dir>/requirements.txt  those packages
 <dir>/README.md         how to call it, what the model expects, what it scored
@@ -26,19 +27,20 @@ LOAD = {
         'onnxruntime.InferenceSession("model.onnx").get_modelmeta().custom_metadata_map["effvision"]',
     ),
     ".xml": ("openvino", 'openvino.Core().read_model("model.xml").get_rt_info(["effvision", "effvision"])'),
+    ".tflite": ("ai_edge_litert", 'the "effvision" entry of the flatbuffer\'s metadata table (or model.json)'),
 }
 
 
 def write_bundle(artifact: str | Path, out_dir: str | Path) -> Path:
     """Write the bundle of a file carrying effvision metadata into out_dir (replaced whole): an ONNX
-    file or an OpenVINO IR (runtimes whose files a predict.py without torch can run)."""
+    file, an OpenVINO IR or a LiteRT file (runtimes whose files a predict.py without torch can run)."""
     from ..models.weights import sha256_of
     from .runtimes import runtime_of_path
 
     artifact, out_dir = Path(artifact), Path(out_dir)
     runtime = runtime_of_path(artifact)
     if runtime.bundle_package is None:
-        raise EffvisionError(f"a bundle holds an ONNX file or an OpenVINO IR, not {artifact.name}")
+        raise EffvisionError(f"a bundle holds an ONNX file, an OpenVINO IR or a LiteRT file, not {artifact.name}")
     meta = read_metadata(artifact)
     if meta is None:
         raise EffvisionError(f"{artifact} carries no effvision metadata: export it with effvision first")
@@ -50,7 +52,7 @@ def write_bundle(artifact: str | Path, out_dir: str | Path) -> Path:
     packages = [runtime.bundle_package, "numpy", "Pillow", *EXTRA[meta["modality"]]]
 
     def fill(tmp: Path) -> None:
-        for f in runtime.files(artifact):  # model.onnx; model.xml and model.bin
+        for f in runtime.files(artifact):  # model.onnx; model.xml and model.bin; model.tflite
             shutil.copyfile(f, tmp / f"model{f.suffix}")
         write_text(tmp / "model.json", json.dumps(meta, indent=2) + "\n")
         shutil.copyfile(Path(__file__).with_name("standalone_predict.py"), tmp / "predict.py")

@@ -108,6 +108,29 @@ class OpenvinoExporter(Exporter):
         return ir_predictor(path)
 
 
+@EXPORTERS.register("litert")
+class LitertExporter(Exporter):
+    """LiteRT .tflite by litert-torch (its own environment): fp32, or int8 (ai-edge-quantizer, static)."""
+
+    suffix = ".tflite"
+    precisions = ("fp32", "int8")
+
+    def missing(self, precision):
+        from .litert_export import litert_missing
+
+        return litert_missing(convert=True)
+
+    def export(self, model, path, shape, precision, calibration, batch=1):
+        from .litert_export import export_tflite
+
+        return export_tflite(model, path, shape, precision, (x for x, _ in calibration))
+
+    def predictor(self, path):
+        from .litert_export import tflite_predictor
+
+        return tflite_predictor(path)
+
+
 def supported_exports() -> str:
     return "; ".join(f"{name}: {', '.join(EXPORTERS.get(name).precisions)}" for name in EXPORTERS.names())
 

@@ -111,8 +111,7 @@ def _quantize(ir, calibration: Iterable[torch.Tensor]):
     batches = [np.ascontiguousarray(x.numpy() if isinstance(x, torch.Tensor) else x, np.float32) for x in calibration]
     if not batches:
         raise EffvisionError("OpenVINO int8 needs calibration samples")
-    samples = sum(len(b) for b in batches)
-    return nncf.quantize(ir, nncf.Dataset(batches), subset_size=samples)
+    return nncf.quantize(ir, nncf.Dataset(batches), subset_size=len(batches))  # (its size counts items: batches)
 
 
 def ir_input_shape(path: str | Path) -> list[int]:

@@ -52,6 +52,7 @@ class Runtime:
         if name is None:
             return self.default_backend
         if name not in self.backends():
+            BACKENDS.get(name)  # an unknown name is said as unknown first, with the names it is near
             raise EffvisionError(f"--backend {name} does not run {self.describes} (use {', '.join(self.backends())})")
         return name
 
@@ -183,6 +184,40 @@ class OpenvinoFiles(Runtime):
         from .openvino_export import write_rt_info
 
         write_rt_info(path, key, text)
+        return True
+
+
+@RUNTIMES.register("litert")
+class LitertFiles(Runtime):
+    kind, suffix, export_format, default_backend = "tflite", ".tflite", "litert", "litert-cpu"
+    describes, label, rank, bundle_package = "a LiteRT file (.tflite)", "LiteRT", 3, "ai-edge-litert"
+    keeps_metadata_inside = True  # the flatbuffer's metadata table
+
+    def predictor(self, path, backend=None):
+        from .litert_export import tflite_predictor
+
+        self.check_backend(backend)
+        return tflite_predictor(path)
+
+    def input_shape(self, path):
+        from .litert_export import tflite_input_shape
+
+        return tflite_input_shape(path)
+
+    def precision(self, path, said=None):
+        from .litert_export import tflite_precision
+
+        return tflite_precision(path)
+
+    def read_metadata(self, path, key):
+        from .litert_export import read_tflite_metadata
+
+        return read_tflite_metadata(path, key)
+
+    def write_metadata(self, path, key, text):
+        from .litert_export import write_tflite_metadata
+
+        write_tflite_metadata(path, key, text)
         return True
 
 

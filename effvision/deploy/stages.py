@@ -19,7 +19,7 @@ from .exporters import FP32_RELATIVE_TOLERANCE, export_verified, parity_failure
 
 class ExportConfig(StageConfig):
     type: Literal["export"] = "export"
-    format: str = Field("onnx", description="export format: onnx, executorch or openvino")
+    format: str = Field("onnx", description="export format: onnx, executorch, openvino or litert")
     precision: Literal["fp32", "fp16", "int8"] = Field("fp32", description="the exported file's precision")
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="{selector, n}: samples that calibrate int8 activations"

@@ -164,17 +164,51 @@ def openvino_runner(model: Path):
     return run
 
 
+def litert_invoke(interpreter, x):
+    """One batch through a LiteRT interpreter: its input resized to the batch's shape; an int8
+    file's int8 input and output (de)quantized with the scales the file carries."""
+    inp = interpreter.get_input_details()[0]
+    if list(inp["shape"]) != list(x.shape):
+        interpreter.resize_tensor_input(inp["index"], list(x.shape))
+        interpreter.allocate_tensors()
+        inp = interpreter.get_input_details()[0]
+    if inp["dtype"] != np.float32:
+        scale, zero = inp["quantization"]
+        info = np.iinfo(inp["dtype"])
+        x = np.clip(np.round(x / scale) + zero, info.min, info.max).astype(inp["dtype"])
+    interpreter.set_tensor(inp["index"], x)
+    interpreter.invoke()
+    out = interpreter.get_output_details()[0]
+    y = interpreter.get_tensor(out["index"])
+    if y.dtype != np.float32:
+        scale, zero = out["quantization"]
+        return (y.astype(np.float32) - zero) * scale
+    return np.array(y, dtype=np.float32)
+
+
+def litert_runner(model: Path):
+    """A LiteRT file (model.tflite) in ai-edge-litert's interpreter (XNNPACK)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(model))
+    interpreter.allocate_tensors()
+    return lambda x: litert_invoke(interpreter, x)
+
+
+RUNNERS = {".onnx": onnxruntime_runner, ".xml": openvino_runner, ".tflite": litert_runner}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="+", help="files or folders")
     parser.add_argument("--topk", type=int, default=3)
     parser.add_argument("--json", help="write the predictions here")
-    parser.add_argument("--model", default=None, help="the ONNX file (default: the one beside this script)")
+    parser.add_argument("--model", default=None, help="the model file (default: the one beside this script)")
     args = parser.parse_args(argv)
 
     meta = json.loads((HERE / "model.json").read_text())
     model = Path(args.model) if args.model else HERE / meta["file"]
-    run = openvino_runner(model) if model.suffix == ".xml" else onnxruntime_runner(model)
+    run = RUNNERS[model.suffix](model)
     classes, p, read = meta["classes"], meta["preprocessing"], READERS[meta["modality"]]
     rows, correct, labelled, start = [], 0, 0, time.perf_counter()
     for path in inputs(args.inputs, meta["modality"]):

@@ -1,0 +1,100 @@
+"""Which runtime ships a model fastest: the model exported to every installed runtime (ONNX
+Runtime, ExecuTorch, OpenVINO, LiteRT) in each precision, every file verified against PyTorch,
+then all of them timed interleaved in one process per batch size, and, given data, each file's
+top-1 in its own runtime. `effvision bench MODEL --runtimes all` prints and writes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from ..errors import EffvisionError
+from ..registry import EXPORTERS
+from .bench import batch_groups, compare
+from .exporters import export_for_backend
+from .runtimes import Runtime, runtime_named
+
+BASELINE = ("onnxruntime", "fp32")  # the row every speed-up is against
+
+
+def _file_runtimes() -> list[Runtime]:
+    from ..registry import RUNTIMES
+
+    found = [runtime_named(n) for n in RUNTIMES.names()]
+    return sorted((r for r in found if r.suffix), key=lambda r: r.rank)
+
+
+def runtimes_asked(names: list[str]) -> tuple[list[Runtime], list[str]]:
+    """The runtimes to compare, and one note per runtime left out. "all": every runtime whose
+    export works here (the others noted: what to install); named ones must all work (one line)."""
+    known = {r.name: r for r in _file_runtimes()}
+    if names == ["all"]:
+        chosen, strict = list(known.values()), False
+    else:
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise EffvisionError(f"unknown runtime {', '.join(unknown)} (runtimes: {', '.join(known)}, or all)")
+        chosen, strict = [known[n] for n in names], True
+    kept, notes = [], []
+    for runtime in chosen:
+        reason = EXPORTERS.get(runtime.export_format)().missing("int8")
+        if reason is None:
+            kept.append(runtime)
+        elif strict:
+            raise EffvisionError(f"runtime {runtime.name}: {reason}")
+        else:
+            notes.append(f"{runtime.name} left out: {reason}")
+    if not any(r.name == BASELINE[0] for r in kept):
+        raise EffvisionError("the comparison is against ONNX Runtime's fp32 file: include onnxruntime")
+    return kept, notes
+
+
+def compare_runtimes(
+    model: nn.Module,
+    shape: list[int],
+    runtimes: list[Runtime],
+    precisions: list[str],
+    batches: list[int],
+    work: Path,
+    calibration=None,
+    val_loader=None,
+    warmup: int = 10,
+    repeats: int = 50,
+    rounds: int = 10,
+    threads: int | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """(timing rows, one row per file). Each runtime's file in each precision it has, verified
+    against PyTorch on `val_loader` (and scored there: top-1 in its runtime) when one is given;
+    per batch, every file that runs it timed interleaved, with its speed-up over ONNX Runtime's
+    fp32 file measured beside it."""
+    from . import evaluate
+
+    files, exports = {}, []
+    for runtime in runtimes:
+        exporter = EXPORTERS.get(runtime.export_format)
+        (work / runtime.name).mkdir(parents=True, exist_ok=True)
+        for precision in (p for p in precisions if p in exporter.precisions):
+            for group in batch_groups(runtime.takes, batches):
+                path, figures = export_for_backend(
+                    model, runtime.takes, precision, work / runtime.name, shape, calibration, val_loader, group[0]
+                )
+                name = f"{runtime.name} {precision}" + (f" b{group[0]}" if runtime.fixed_batch else "")
+                files[name] = (str(path), precision, group)
+                row = {"target": name, "runtime": runtime.name, "precision": precision, "file": str(path)}
+                row["size_bytes"] = runtime.file_bytes(path)
+                if figures:
+                    row.update({k: figures[k] for k in ("relative_diff", "top1_agreement", "samples")})
+                    row["top1"] = evaluate(path, val_loader)
+                exports.append(row)
+    baseline = f"{BASELINE[0]} {BASELINE[1]}"
+    rows = []
+    for b in batches:
+        here = {n: (f, p) for n, (f, p, group) in files.items() if b in group}
+        timed = compare(here, shape, None, [b], warmup=warmup, repeats=repeats, rounds=rounds, threads=threads)
+        base = next(r["p50"] for r in timed if r["target"] == baseline)
+        for r in timed:
+            r["runtime"] = r["target"].split()[0]
+            r["speedup_vs_onnxruntime_fp32"] = base / r["p50"]
+        rows += timed
+    return rows, exports
