@@ -216,6 +216,7 @@ def bench(
             csv(runtimes),
             csv(precision or "fp32,int8"),
             batches,
+            input_size,
             data,
             data_root,
             json_file,
@@ -265,7 +266,9 @@ def bench(
         out.print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
-def _bench_runtimes(artifact, names, precisions, batches, data, data_root, json_file, out_dir, timing) -> None:
+def _bench_runtimes(
+    artifact, names, precisions, batches, input_size, data, data_root, json_file, out_dir, timing
+) -> None:
     """bench --runtimes: the model on every runtime asked for, side by side (deploy/runtime_compare.py)."""
     import tempfile
 
@@ -285,7 +288,7 @@ def _bench_runtimes(artifact, names, precisions, batches, data, data_root, json_
     for note in notes:
         out.print(note)
     net = _bench_model(artifact)
-    shape = list(net.effvision_spec["input_size"])
+    shape = csv(input_size, int) if input_size else list(net.effvision_spec["input_size"])
     calibration = val = None
     if data is not None or data_root is not None:
         bundle = _export_data(net, data, data_root)
@@ -305,11 +308,9 @@ def _bench_runtimes(artifact, names, precisions, batches, data, data_root, json_
                 f"{r['p50']:.3f}",
                 f"{r['speedup_vs_onnxruntime_fp32']:.2f}",
                 f"{f['size_bytes'] / 1e6:.2f}",
-                *(
-                    [f"{f['relative_diff']:.1e}", f"{f['top1_agreement']:.3f}", f"{f['top1']:.4f}"]
-                    if "top1" in f
-                    else ["-", "-", "-"]
-                ),
+                f"{f['relative_diff']:.1e}" if "relative_diff" in f else "-",
+                f"{f['top1_agreement']:.3f}" if "top1_agreement" in f else "-",
+                f"{f['top1']:.4f}" if "top1" in f else "-",
             ]
             for r in rows
             for f in [next(f for f in files if f["target"] == r["target"])]

@@ -248,10 +248,13 @@ def export_for_backend(
     calibration=None,
     val_loader=None,
     batch: int = 1,
+    parity_batches: int = 10_000,
+    data: str = "real images",
 ) -> tuple[Path, dict | None]:
-    """The file a file-running backend (`takes` = .onnx or .pte) benchmarks, exported once per
-    (format, precision[, batch]) into `work`; verified when a validation loader is given. Without
-    calibration data int8 is calibrated on random inputs: fine for speed, not for accuracy."""
+    """The file a file-running backend (`takes`: its suffix) benchmarks, exported once per
+    (format, precision[, batch]) into `work`; verified on up to `parity_batches` batches when a
+    validation loader is given. Without calibration data int8 is calibrated on random inputs:
+    fine for speed, not for accuracy."""
     fmt = next(name for name in EXPORTERS.names() if EXPORTERS.get(name).suffix == takes)
     exporter = get_exporter(fmt, precision)
     path = Path(work) / (f"model.{precision}" + (f".b{batch}" if fmt == "executorch" else "") + exporter.suffix)
@@ -267,8 +270,8 @@ def export_for_backend(
             shape,
             calibration,
             val_loader,
-            max_batches=10_000,
-            data="real images",
+            max_batches=parity_batches,
+            data=data,
             batch=batch,
         )
     return exporter.export(model, path, list(shape), precision, calibration, batch=batch), None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import EffvisionError
+from ..fileio import atomic_write
 
 EXTRA = "pip install 'effvision[litert]'"
 CONVERTER = "litert-torch==0.10.0"
@@ -97,7 +99,8 @@ def export_tflite(
         if done.returncode != 0 or not staged.is_file():
             lines = [line for line in done.stderr.strip().splitlines() if line.strip()] or ["no output"]
             raise EffvisionError(f"LiteRT cannot convert the model: {lines[-1]}")
-        os.replace(staged, path)
+        # copied into a file made with the umask's mode (the quantizer writes its file 0755)
+        atomic_write(path, lambda tmp: shutil.copyfile(staged, tmp))
     return path
 
 
@@ -192,8 +195,6 @@ def _text(name: str | bytes) -> str:
 def write_tflite_metadata(path: str | Path, key: str, text: str) -> None:
     """Store `text` under `key` (replacing what was there), rewriting the file atomically."""
     import flatbuffers
-
-    from ..fileio import atomic_write
 
     fb = _schema()
     raw = check_tflite(path).read_bytes()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from ..errors import EffvisionError
@@ -65,26 +66,39 @@ def compare_runtimes(
     threads: int | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """(timing rows, one row per file). Each runtime's file in each precision it has, verified
-    against PyTorch on `val_loader` (and scored there: top-1 in its runtime) when one is given;
-    per batch, every file that runs it timed interleaved, with its speed-up over ONNX Runtime's
-    fp32 file measured beside it."""
+    against PyTorch on four batches of `val_loader` (of random inputs without one: a converter
+    that drops or breaks layers shows there too) and, given data, scored on all of it (top-1 in
+    its runtime); per batch, every file that runs it timed interleaved, with its speed-up over
+    ONNX Runtime's fp32 file measured beside it."""
     from . import evaluate
 
+    noise = torch.Generator().manual_seed(0)
+    checks = val_loader or [(torch.randn(8, *shape, generator=noise), None) for _ in range(4)]
     files, exports = {}, []
     for runtime in runtimes:
         exporter = EXPORTERS.get(runtime.export_format)
         (work / runtime.name).mkdir(parents=True, exist_ok=True)
         for precision in (p for p in precisions if p in exporter.precisions):
             for group in batch_groups(runtime.takes, batches):
-                path, figures = export_for_backend(
-                    model, runtime.takes, precision, work / runtime.name, shape, calibration, val_loader, group[0]
+                path, figures = export_for_backend(  # parity on 4 batches; top-1 below on them all
+                    model,
+                    runtime.takes,
+                    precision,
+                    work / runtime.name,
+                    shape,
+                    calibration,
+                    checks,
+                    group[0],
+                    parity_batches=4,
+                    data="real images" if val_loader is not None else "random inputs",
                 )
                 name = f"{runtime.name} {precision}" + (f" b{group[0]}" if runtime.fixed_batch else "")
                 files[name] = (str(path), precision, group)
                 row = {"target": name, "runtime": runtime.name, "precision": precision, "file": str(path)}
                 row["size_bytes"] = runtime.file_bytes(path)
                 if figures:
-                    row.update({k: figures[k] for k in ("relative_diff", "top1_agreement", "samples")})
+                    row.update({k: figures[k] for k in ("relative_diff", "top1_agreement", "samples", "data")})
+                if val_loader is not None:
                     row["top1"] = evaluate(path, val_loader)
                 exports.append(row)
     baseline = f"{BASELINE[0]} {BASELINE[1]}"
