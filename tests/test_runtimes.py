@@ -120,7 +120,7 @@ def test_bench_runtimes_times_every_file_side_by_side_with_its_parity_and_top1(t
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["cifar_resnet8", "--runtimes", "tensorrt"], "unknown runtime tensorrt"),
+        (["cifar_resnet8", "--runtimes", "openvno"], "unknown runtime 'openvno'; did you mean 'openvino'"),
         (["cifar_resnet8", "--runtimes", "executorch"], "against ONNX Runtime's fp32 file"),
         (["m.onnx", "--runtimes", "all"], "give a checkpoint or a model name"),
     ],

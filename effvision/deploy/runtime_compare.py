@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import EffvisionError
-from ..registry import EXPORTERS
+from ..registry import EXPORTERS, RUNTIMES, UnknownNameError, suggest
 from .bench import batch_groups, compare
 from .exporters import export_for_backend
 from .runtimes import Runtime, runtime_named
@@ -20,8 +20,6 @@ BASELINE = ("onnxruntime", "fp32")  # the row every speed-up is against
 
 
 def _file_runtimes() -> list[Runtime]:
-    from ..registry import RUNTIMES
-
     found = [runtime_named(n) for n in RUNTIMES.names()]
     return sorted((r for r in found if r.suffix), key=lambda r: r.rank)
 
@@ -33,10 +31,12 @@ def runtimes_asked(names: list[str]) -> tuple[list[Runtime], list[str]]:
     if names == ["all"]:
         chosen, strict = list(known.values()), False
     else:
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise EffvisionError(f"unknown runtime {', '.join(unknown)} (runtimes: {', '.join(known)}, or all)")
+        unknown = next((n for n in names if n not in known), None)
+        if unknown is not None:
+            raise UnknownNameError(suggest(unknown, [*known, "all"], "runtime"))
         chosen, strict = [known[n] for n in names], True
+    if not any(r.name == BASELINE[0] for r in chosen):
+        raise EffvisionError("the comparison is against ONNX Runtime's fp32 file: include onnxruntime")
     kept, notes = [], []
     for runtime in chosen:
         reason = EXPORTERS.get(runtime.export_format)().missing("int8")
@@ -46,8 +46,6 @@ def runtimes_asked(names: list[str]) -> tuple[list[Runtime], list[str]]:
             raise EffvisionError(f"runtime {runtime.name}: {reason}")
         else:
             notes.append(f"{runtime.name} left out: {reason}")
-    if not any(r.name == BASELINE[0] for r in kept):
-        raise EffvisionError("the comparison is against ONNX Runtime's fp32 file: include onnxruntime")
     return kept, notes
 
 
