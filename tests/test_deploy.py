@@ -618,7 +618,8 @@ def test_cli_bench_bad_pair_and_plots(tmp_path, capsys):
     assert res["roofline"]["copy_bytes_per_s"] > 0 and (tmp_path / "b/bench.png").is_file()
     code = main(["export", "cifar_resnet8", "--format", "executorch", "--precision", "fp16"])
     err = capsys.readouterr().err
-    assert code == 1 and "supported: executorch: fp32, int8; onnx: fp32, fp16, int8" in err
+    assert code == 1 and "has no precision 'fp16'" in err
+    assert "executorch: fp32, int8;" in err and "onnx: fp32, fp16, int8" in err
 
 
 # --------------------------------------------------------------------------- suites
