@@ -46,6 +46,7 @@ LAYERS = [
         "effvision.paths",
         "effvision.yamlio",
         "effvision.fileio",
+        "effvision.native_stderr",
         "effvision.cache",
         "effvision.progress",
         "effvision.interrupts",

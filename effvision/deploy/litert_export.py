@@ -11,7 +11,6 @@ needs it says so in one line."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from torch import nn
 
 from ..errors import EffvisionError
 from ..fileio import atomic_write
+from ..native_stderr import native_stderr_silenced
 
 EXTRA = "pip install 'effvision[litert]'"
 CONVERTER = "litert-torch==0.10.0"
@@ -104,21 +104,6 @@ def export_tflite(
     return path
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr():
-    """The interpreter prints "INFO: Created TensorFlow Lite XNNPACK delegate" on the process's own
-    stderr each time it is made: not a line a user of effvision should read."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def check_tflite(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_file():
@@ -138,7 +123,7 @@ def interpreter(path: str | Path, threads: int | None = None):
     path = check_tflite(path)
     threads = threads or len(os.sched_getaffinity(0))
     try:
-        with _quiet_native_stderr():
+        with native_stderr_silenced():  # its "Created TensorFlow Lite XNNPACK delegate" line
             found = Interpreter(model_path=str(path), num_threads=int(threads))
             found.allocate_tensors()
     except Exception as exc:  # noqa: BLE001  (the flatbuffer reader's and the op resolver's errors)

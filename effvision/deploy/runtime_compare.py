@@ -11,23 +11,18 @@ import torch
 from torch import nn
 
 from ..errors import EffvisionError
-from ..registry import EXPORTERS, RUNTIMES, UnknownNameError, suggest
+from ..registry import EXPORTERS, UnknownNameError, suggest
 from .bench import batch_groups, compare
 from .exporters import export_for_backend
-from .runtimes import Runtime, runtime_named
+from .runtimes import Runtime, file_runtimes
 
 BASELINE = ("onnxruntime", "fp32")  # the row every speed-up is against
-
-
-def _file_runtimes() -> list[Runtime]:
-    found = [runtime_named(n) for n in RUNTIMES.names()]
-    return sorted((r for r in found if r.suffix), key=lambda r: r.rank)
 
 
 def runtimes_asked(names: list[str]) -> tuple[list[Runtime], list[str]]:
     """The runtimes to compare, and one note per runtime left out. "all": every runtime whose
     export works here (the others noted: what to install); named ones must all work (one line)."""
-    known = {r.name: r for r in _file_runtimes()}
+    known = {r.name: r for r in file_runtimes()}
     if names == ["all"]:
         chosen, strict = list(known.values()), False
     else:

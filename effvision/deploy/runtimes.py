@@ -264,8 +264,13 @@ def artifact_kinds() -> list[str]:
     return [r.kind for r in _all()]
 
 
+def file_runtimes() -> list[Runtime]:
+    """The runtimes of files (not torch models), in shipping order."""
+    return [r for r in _all() if r.suffix]
+
+
 def file_kinds() -> set[str]:
-    return {r.kind for r in _all() if r.suffix}
+    return {r.kind for r in file_runtimes()}
 
 
 def shipped_artifact(artifacts: dict) -> tuple[str, str] | None:

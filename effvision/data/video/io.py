@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import os
-import sys
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import EffvisionError
+from ...native_stderr import native_stderr_silenced  # decord's C++ logger prints every failure it raises
 
 VIDEO_EXTS = {".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".ogv", ".3gp", ".flv", ".wmv", ".ts"}
 
@@ -35,26 +33,6 @@ def _first_line(exc: BaseException) -> str:
     """decord prefixes C++ errors with a timestamp and a source path; keep what a person needs."""
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1 if "video_reader.cc" in str(exc) else 0]
     return text.split("] ")[-1].strip()[:200] or type(exc).__name__
-
-
-_STDERR_LOCK = threading.Lock()
-
-
-@contextmanager
-def _c_stderr_silenced():
-    """Point file descriptor 2 at /dev/null for a moment. decord's C++ logger prints
-    "video_reader.cc:83: ERROR opening ..." for every file it cannot open, with no switch to turn
-    it off; the exception we turn into a one-line VideoError carries the same reason."""
-    with _STDERR_LOCK:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        try:
-            with open(os.devnull, "wb") as null:
-                os.dup2(null.fileno(), 2)
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 @functools.cache
@@ -143,7 +121,7 @@ class DecordVideo(Video):
         self._pyav: Video | None = None
         width, height = size or (-1, -1)
         try:
-            with _c_stderr_silenced():
+            with native_stderr_silenced():
                 self.reader = decord.VideoReader(
                     str(path), ctx=decord.cpu(0), width=width, height=height, num_threads=1
                 )
