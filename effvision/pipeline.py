@@ -76,6 +76,7 @@ class RunContext:
         self.records: list[dict] = []
         self.model_path: Optional[Path] = None
         self.onnx: Optional[Path] = None
+        self.exported: Optional[Path] = None  # the latest exported file of any runtime (an ONNX file, IR, .tflite)
         self.stage_dir: Path = run_dir
         self.notes: dict = {}  # what the running stage's helpers record beside its result (joins its record)
         self._model: Optional[torch.nn.Module] = None
@@ -245,6 +246,7 @@ class RunContext:
         write_metadata(path, self.describe(self.model, acc, path, precision=(extra or {}).get("precision", "fp32")))
         if kind == "onnx":
             self.onnx = path
+        self.exported = path
         metrics = {
             **self._measure(self.model),
             "size_bytes": files.file_bytes(path),
@@ -320,11 +322,16 @@ class RunContext:
 
     def adopt(self, record: dict) -> None:
         """Take over a completed stage's outputs (on resume) without re-running it."""
+        from .deploy.runtimes import shipped_artifact
+
         arts = record["artifacts"]
         if "model" in arts:
             self.model_path, self._model = self.run_dir / arts["model"], None
         if "onnx" in arts:
             self.onnx = self.run_dir / arts["onnx"]
+        exported = shipped_artifact({k: v for k, v in arts.items() if k != "model"})
+        if exported is not None:
+            self.exported = self.run_dir / exported[1]
         if "selection" in arts:
             saved = read_json(self.run_dir / arts["selection"])
             self._selection, self._selected = (saved["indices"], saved["weights"]), None

@@ -386,7 +386,12 @@ def _int8_details(stage: dict) -> list[str]:
         times = ", ".join(f"b={b} {g['p50_ms_int8'][b]:.3f} vs {g['p50_ms_float'][b]:.3f} ms" for b in g["p50_ms_int8"])
         out.append(f"- speed: {g['group']} ({g['layers']} nodes) int8 vs float: {times} -> {g['decision']}")
     search = stage.get("accuracy_search")
-    if search:
+    if search and "ranking" not in search:  # a runtime's own tool: the whole graph, no node reverted
+        out.append(
+            f"- accuracy ({stage.get('tool')}): fp32 {search['fp32_accuracy']:.4f}, int8 "
+            f"{search['int8_accuracy']:.4f}, max_drop {search['max_drop']}" + ("" if search["met"] else "; not met")
+        )
+    elif search:
         reverted = [r for r in search["ranking"] if r.get("decision") == "reverted"]
         out.append(
             f"- accuracy: fp32 {search['fp32_accuracy']:.4f}, all-int8 {search['int8_accuracy']:.4f}, max_drop "

@@ -146,7 +146,8 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
                 "the plan: `goal_speedup`, `max_drop`, `backend`, `batch`, `scored_on` (the held-out images), "
                 "`reference` (`size`, `p50_ms`, `top1`), `levers` (each `lever`, `precision`, `size`, `p50_ms`, "
                 "`speedup`, `top1`, `cost`, `file`; the kept one `kept: true`), `kept`, `why`, `remainder` (the "
-                "speed-up left to pruning; 1: none), `prune`, `int8` (the int8 search's decisions), `method`, "
+                "speed-up left to pruning; 1: none), `prune`, `int8` (the int8 search's decisions on ONNX Runtime; "
+                "on OpenVINO or LiteRT the runtime's own `tool`), `method`, "
                 "`calibration`, `score_samples`, `timed`",
             ),
         ],
@@ -192,6 +193,11 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("stages[].method", "the calibration method"),
             ("stages[].reduce_range", "whether 7-bit weights were used"),
             ("stages[].backend", "`qat`: the runtime the int8 file was checked in"),
+            (
+                "stages[].tool",
+                "`quantize` on an OpenVINO IR or a LiteRT file: the runtime's own int8 tool (NNCF, the LiteRT "
+                "tools), which quantizes the whole graph",
+            ),
             ("stages[].fp32_onnx_bytes", "size of the fp32 ONNX file"),
             ("stages[].int8_onnx_bytes", "`qat`: size of the int8 ONNX file"),
             ("stages[].shipped", "`int8`, or `fp32` when int8 did not pay or could not keep its accuracy"),
@@ -217,7 +223,8 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
                 "stages[].accuracy_search",
                 "with `max_drop`: `fp32_accuracy`, `int8_accuracy` (every layer int8), `ranking` (per quantized "
                 "node: `layer`, `op`, `sensitivity`, `decision` `reverted` or `kept`), `steps` (`reverted`, "
-                "`accuracy`, `drop`, each on the whole validation split in ONNX Runtime) and `met`",
+                "`accuracy`, `drop`, each on the whole validation split in ONNX Runtime) and `met`; on an IR or "
+                "a LiteRT file `fp32_accuracy`, `int8_accuracy`, `max_drop`, `measured_from`, `met`, in that runtime",
             ),
         ],
     ),

@@ -39,6 +39,13 @@ def check_target(target: TargetConfig | None, device: torch.device) -> None:
     except ValueError as exc:
         raise EffvisionError(f"target.backend: {exc}") from None
     check_pair(target.backend, "fp32", target_device(target.backend, device))
+    from ..deploy.runtimes import runtime_taking
+    from ..registry import EXPORTERS
+
+    runtime = runtime_taking(BACKENDS.get(target.backend).takes)
+    reason = runtime.export_format and EXPORTERS.get(runtime.export_format)().missing("fp32")
+    if reason:  # candidates are exported there (LiteRT's converter lives in an environment of its own)
+        raise EffvisionError(f"target.backend {target.backend}: {reason}")
 
 
 @dataclass

@@ -37,14 +37,15 @@ class Timing:
     warmup: int = 5
     repeats: int = 40
     rounds: int = 8
+    backend: str = BACKEND  # where the files are timed (a backend that runs their runtime's files)
 
     def p50s(self, files: dict[str, Path]) -> dict[str, dict[int, float]]:
         """Median milliseconds by name and batch, all files timed side by side in one process."""
         from ..deploy.bench import compare
-        from ..deploy.runtime import onnx_precision
+        from ..deploy.runtimes import runtime_of_path
 
-        targets = {name: (path, onnx_precision(path)) for name, path in files.items()}
-        rows = compare(targets, self.shape, BACKEND, self.batches, "cpu", self.warmup, self.repeats, self.rounds)
+        targets = {name: (path, runtime_of_path(path).precision(path)) for name, path in files.items()}
+        rows = compare(targets, self.shape, self.backend, self.batches, "cpu", self.warmup, self.repeats, self.rounds)
         out: dict[str, dict[int, float]] = {name: {} for name in files}
         for r in rows:
             out[r["target"]][r["batch"]] = r["p50"]
@@ -177,12 +178,12 @@ def faster_than_fp32(fp32: Path, int8: Path, timing: Timing) -> SpeedCheck:
     """require_faster: int8 ships only when it is faster than fp32 at every batch."""
     p50 = timing.p50s({"fp32": fp32, "int8": int8})
     slower = [b for b in timing.batches if p50["int8"][b] >= p50["fp32"][b]]
-    record = {"backend": BACKEND, "batches": timing.batches, "p50_ms": p50, "int8_slower_at": slower}
+    record = {"backend": timing.backend, "batches": timing.batches, "p50_ms": p50, "int8_slower_at": slower}
     if slower:
         b = slower[0]
         why = (
             f"fp32: int8 is not faster than fp32 at batch {b} ({p50['int8'][b]:.3f} vs {p50['fp32'][b]:.3f} ms "
-            f"p50, {BACKEND}, interleaved)"
+            f"p50, {timing.backend}, interleaved)"
         )
         return SpeedCheck(False, why, record)
     ratios = ", ".join(f"{p50['fp32'][b] / p50['int8'][b]:.2f}x at b={b}" for b in timing.batches)

@@ -2,11 +2,13 @@
 measures on the uncompressed model what each cheap lever gives here and what it costs (DESIGN,
 "A target is a budget spent cheapest-accuracy first").
 
-The levers: int8 (the quantize stage's search: layer groups measured slower stay float, the most
-sensitive nodes go back to float until the target's max_drop holds), and every lower input size
+The levers: int8 (on ONNX Runtime the quantize stage's search: layer groups measured slower stay
+float, the most sensitive nodes go back to float until the target's max_drop holds; on OpenVINO and
+LiteRT the runtime's own tool, NNCF or the LiteRT tools, on the whole graph), and every lower input size
 the target lists, each in fp32 and int8 (they do not multiply: on one AVX-512 EPYC int8 paid 2.0x
-at 112 px and nothing at 80). Every file is timed interleaved with the reference (the model's fp32
-ONNX file at its own size) on the target's backend and batch, and scored on training images the
+at 112 px and nothing at 80). Every file is one of the target backend's runtime (ONNX, IR or
+.tflite), timed interleaved with the reference (the model's fp32 file of that runtime at its own
+size) on the target's backend and batch, scored in that runtime on training images the
 run holds out. The plan keeps the combination that meets the target (with the aim's margin) at the
 least accuracy; else the fastest one within the floor, and pruning is left the remainder, timed in
 the precision the plan ships. A lower input size is scored as a pruning candidate is: batch-norm
@@ -28,13 +30,19 @@ from ..progress import log
 from ..recipe import StageConfig
 from ..stage import StageResult, register_stage
 
-INT8_BACKEND = "onnxruntime-cpu"  # the runtime the quantize stage's int8 files are made for
+INT8_BACKEND = (
+    "onnxruntime-cpu"  # where the int8 search (layer groups, node reverts) decides; other runtimes: their own tool
+)
 
 
 class PlanConfig(StageConfig):
     type: Literal["plan"] = "plan"
     reads_recipe_target: ClassVar[bool] = True  # the target is one of its inputs (the run's fingerprint)
-    int8: bool = Field(True, description="measure int8 as a lever (on onnxruntime-cpu, the quantize stage's files)")
+    int8: bool = Field(
+        True,
+        description="measure int8 as a lever: the quantize stage's search on onnxruntime-cpu, the runtime's own "
+        "tool on openvino-cpu (NNCF) and litert-cpu (the LiteRT tools)",
+    )
     calibration: CalibrationConfig = Field(
         default_factory=lambda: CalibrationConfig(n=512), description="{selector, n}: the samples that calibrate int8"
     )
@@ -69,15 +77,46 @@ def _resized(loader, size: int):
 
 
 def _scorer(loader):
-    """Top-1 of an ONNX file on the held-out images, at the file's own input size."""
-    from ..deploy.runtime import onnx_predictor, ort_session
-    from ..scoring import accuracy
+    """Top-1 of a file, run in its runtime, on the held-out images at the file's own input size."""
+    from ..deploy import evaluate
+    from ..deploy.runtimes import runtime_of_path
 
     def top1(path: Path) -> float:
-        size = ort_session(path).get_inputs()[0].shape[-1]
-        return accuracy(onnx_predictor(path), _resized(loader, int(size)))
+        size = runtime_of_path(path).input_shape(path)[-1]
+        return evaluate(path, _resized(loader, int(size)))
 
     return top1
+
+
+def target_runtime(backend_name: str):
+    """The runtime whose files a target's backend runs: the plan measures its levers as those
+    files. A backend that runs torch models, or programs of one batch size, has none to plan with."""
+    from ..deploy.backends import backend
+    from ..deploy.runtimes import runtime_taking
+
+    runtime = runtime_taking(backend(backend_name).takes)
+    if runtime.suffix is None or runtime.fixed_batch:
+        raise EffvisionError(
+            f"plan: levers are measured as files of any batch size (ONNX, OpenVINO IR, LiteRT); target.backend "
+            f"{backend_name} runs {runtime.describes}"
+        )
+    return runtime
+
+
+def export_fp32(runtime, model, path: Path, shape: list[int]) -> Path:
+    """The model as an fp32 file of the runtime."""
+    from ..deploy.exporters import get_exporter
+
+    return get_exporter(runtime.export_format, "fp32").export(model, path, shape, "fp32", ())
+
+
+def quantize_own(runtime, fp32: Path, dst: Path, calib) -> Path:
+    """An fp32 file of the runtime in int8 by the runtime's own tool (NNCF for OpenVINO, the LiteRT
+    tools for LiteRT), calibrated on `calib`'s batches at the file's own input size."""
+    from ..deploy.exporters import get_exporter
+
+    size = runtime.input_shape(fp32)[-1]
+    return get_exporter(runtime.export_format, "int8").quantize_file(fp32, dst, list(_resized(calib, int(size))))
 
 
 def _at_size(ctx, size: int, full: int):
@@ -130,18 +169,13 @@ def choose(levers: list[dict], goal: float | None, max_drop: float | None, margi
 @register_stage("plan", PlanConfig)
 def run_plan(ctx, cfg: PlanConfig) -> StageResult:
     """Measure the cheap levers on the model entering the stage and keep those a target needs."""
-    from ..deploy.backends import backend
     from ..deploy.bench import compare
-    from ..deploy.onnx_export import export_onnx
     from .int8_search import search_int8
     from .quantize import Int8Builder
     from .stages import _samples, speed_timing
 
     target = ctx.recipe.target
-    if backend(target.backend).takes != ".onnx":
-        raise EffvisionError(
-            f"plan: levers are measured as ONNX files; target.backend {target.backend} does not run them"
-        )
+    runtime = target_runtime(target.backend)
     shape = list(ctx.input_shape)
     full = shape[-1]
     _check_sizes(target.resolutions, full, ctx.data.modality)
@@ -151,7 +185,7 @@ def run_plan(ctx, cfg: PlanConfig) -> StageResult:
     work.mkdir(exist_ok=True)
     sizes = [full] + [r for r in target.resolutions if r < full]
     at = {r: [*shape[:-2], r, r] for r in sizes}  # the input shape at each size
-    fp32 = {r: export_onnx(_at_size(ctx, r, full), work / f"fp32-{r}.onnx", at[r]) for r in sizes}
+    fp32 = {r: export_fp32(runtime, _at_size(ctx, r, full), work / f"fp32-{r}{runtime.suffix}", at[r]) for r in sizes}
     files = {f"fp32@{r}": (fp32[r], "fp32", at[r]) for r in sizes}
     int8_record = None
     if cfg.int8 and target.backend == INT8_BACKEND:
@@ -184,6 +218,16 @@ def run_plan(ctx, cfg: PlanConfig) -> StageResult:
                 small = Int8Builder(fp32[r], list(_resized(calib, r)), work / f"int8-work-{r}", cfg.method)
                 floats_here = floats & {n.name for n in small.nodes}
                 files[f"int8@{r}"] = (small.write(work / f"int8-{r}.onnx", floats_here), "int8", at[r])
+    elif cfg.int8 and runtime.kind != "onnx":  # the runtime's own int8 tool, the whole graph
+        calib = list(ctx.calibration_loader(cfg.calibration))
+        for r in sizes:
+            files[f"int8@{r}"] = (
+                quantize_own(runtime, fp32[r], work / f"int8-{r}{runtime.suffix}", calib),
+                "int8",
+                at[r],
+            )
+        int8_record = {"shipped": "int8", "tool": runtime.int8_tool, "decision": f"int8 by {runtime.int8_tool}"}
+        log(f"  plan: int8 levers by {runtime.int8_tool}, timed on {target.backend}")
     elif cfg.int8:
         log(f"  plan: int8 is measured on {INT8_BACKEND}; the target runs on {target.backend}: fp32 levers only")
     rows = compare(
@@ -266,6 +310,14 @@ def plan_of(ctx) -> dict | None:
 
 
 def int8_like(plan: dict, calib, method: str):
+    """fp32 file -> the int8 file the plan's int8 lever was made as, beside it."""
+    runtime = target_runtime(plan["backend"])
+    if runtime.kind == "onnx":
+        return _onnx_int8_like(plan, calib, method)
+    return lambda fp32: quantize_own(runtime, fp32, fp32.with_name(fp32.stem + ".int8" + fp32.suffix), calib)
+
+
+def _onnx_int8_like(plan: dict, calib, method: str):
     """fp32 ONNX file -> an int8 file made as the plan's (the same nodes float: layer groups it
     measured slower, nodes its accuracy search reverted), beside it: how a pruned candidate is
     timed and scored in the precision that ships."""
@@ -287,10 +339,9 @@ def shipping(ctx, plan: dict | None):
     ships) and the held-out scorer of a torch model in that precision (None without a plan)."""
     import tempfile
 
-    from ..deploy.onnx_export import export_onnx
-
     if plan is None:
         return None, None
+    runtime = target_runtime(plan["backend"])
     ship = None
     if plan["kept"]["precision"] == "int8":
         calib = list(ctx.calibration_loader(CalibrationConfig(n=plan["calibration"])))
@@ -302,7 +353,7 @@ def shipping(ctx, plan: dict | None):
         """The model's top-1 on the plan's held-out images, in the precision that ships, and its
         drop from the uncompressed model's there."""
         with tempfile.TemporaryDirectory() as tmp:
-            path = export_onnx(model, Path(tmp) / "model.onnx", list(ctx.input_shape))
+            path = export_fp32(runtime, model, Path(tmp) / f"model{runtime.suffix}", list(ctx.input_shape))
             acc = top1(ship(path) if ship else path)
         drop = round(plan["reference"]["top1"] - acc, 6)
         held = plan["max_drop"] is None or drop <= plan["max_drop"] + 1e-9

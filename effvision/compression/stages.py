@@ -319,16 +319,17 @@ def _samples(loader, n: int) -> np.ndarray:
     return np.concatenate(xs)[:n]
 
 
-def floor_of(ctx, own: float | None) -> tuple[float | None, float | None]:
+def floor_of(ctx, own: float | None, runtime=None) -> tuple[float | None, float | None]:
     """The largest top-1 loss an int8 step may take, and the accuracy it is measured from: the
     stage's own max_drop against the file it quantizes; else the recipe target's floor against the
-    uncompressed model (scored here, as an fp32 ONNX file, on the validation split), so that
-    pruning's loss and int8's together hold it."""
+    uncompressed model (scored here, as an fp32 file of `runtime`, ONNX by default, on the
+    validation split), so that pruning's loss and int8's together hold it."""
     import tempfile
 
     from ..deploy import evaluate
-    from ..deploy.onnx_export import export_onnx
     from ..deploy.reference import reference_model
+    from ..deploy.runtimes import runtime_named
+    from .plan import export_fp32
 
     target = ctx.recipe.target
     if own is not None or target is None or target.max_drop is None:
@@ -336,10 +337,10 @@ def floor_of(ctx, own: float | None) -> tuple[float | None, float | None]:
     reference = reference_model(ctx)
     if reference is None:  # nothing compressed before: the file quantized is the uncompressed model
         return target.max_drop, None
+    runtime = runtime or runtime_named("onnxruntime")
     with tempfile.TemporaryDirectory() as tmp:
-        accuracy = evaluate(
-            export_onnx(reference, Path(tmp) / "reference.onnx", ctx.full_input_shape), ctx.full_data.val_loader()
-        )
+        path = export_fp32(runtime, reference, Path(tmp) / f"reference{runtime.suffix}", list(ctx.full_input_shape))
+        accuracy = evaluate(path, ctx.full_data.val_loader())
     log(f"  int8 holds the target's floor: at most {target.max_drop} below the uncompressed model's {accuracy:.4f}")
     return target.max_drop, accuracy
 
@@ -351,8 +352,12 @@ def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
     import tempfile
 
     from ..deploy import evaluate
+    from ..deploy.runtimes import runtime_of_path
     from .int8_search import search_int8
+    from .runtime_int8 import quantize_in_runtime
 
+    if ctx.exported is not None and runtime_of_path(ctx.exported).kind not in ("onnx", "pte"):
+        return quantize_in_runtime(ctx, cfg, ctx.exported)  # an IR or a .tflite: that runtime's own tool
     src = ctx.onnx
     if src is None:  # no export stage before: export the current model first
         from ..deploy.onnx_export import export_onnx

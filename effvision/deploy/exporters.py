@@ -36,6 +36,19 @@ class Exporter:
     def predictor(self, path: Path) -> Callable:
         raise NotImplementedError
 
+    def quantize_file(self, src: Path, dst: Path, calibration) -> Path:
+        """int8 by this format's own tool from an fp32 file of it (`calibration`: (x, y) batches):
+        how a target on this runtime ships a pruned candidate in int8."""
+        raise EffvisionError(f"{self.suffix} files are not quantized from an fp32 file by effvision")
+
+    def export_layers(self, layers: list[tuple[nn.Module, list[int], Path]], folder: Path) -> list[Path]:
+        """fp32 files of single layers for a latency table: each item is the layer as a module, its
+        input shape (without the batch) and its ONNX file, already written. One export each here."""
+        return [
+            self.export(module, Path(folder) / f"{onnx.stem}{self.suffix}", shape, "fp32", None)
+            for module, shape, onnx in layers
+        ]
+
 
 @EXPORTERS.register("onnx")
 class OnnxExporter(Exporter):
@@ -61,6 +74,14 @@ class OnnxExporter(Exporter):
 
         return onnx_predictor(path)
 
+    def quantize_file(self, src, dst, calibration):
+        from ..compression.quantize import quantize_onnx
+
+        return quantize_onnx(src, dst, calibration)
+
+    def export_layers(self, layers, folder):
+        return [onnx for _, _, onnx in layers]
+
 
 @EXPORTERS.register("executorch")
 class ExecutorchExporter(Exporter):
@@ -77,7 +98,7 @@ class ExecutorchExporter(Exporter):
     def export(self, model, path, shape, precision, calibration, batch=1):
         from .executorch_export import export_pte
 
-        return export_pte(model, path, shape, precision, (x for x, _ in calibration), batch=batch)
+        return export_pte(model, path, shape, precision, (x for x, _ in calibration or ()), batch=batch)
 
     def predictor(self, path):
         from .executorch_export import pte_predictor
@@ -100,12 +121,23 @@ class OpenvinoExporter(Exporter):
     def export(self, model, path, shape, precision, calibration, batch=1):
         from .openvino_export import export_ir
 
-        return export_ir(model, path, shape, precision, (x for x, _ in calibration), batch=batch)
+        return export_ir(model, path, shape, precision, (x for x, _ in calibration or ()), batch=batch)
 
     def predictor(self, path):
         from .openvino_export import ir_predictor
 
         return ir_predictor(path)
+
+    def quantize_file(self, src, dst, calibration):
+        from .openvino_export import quantize_ir
+
+        return quantize_ir(src, dst, (x for x, _ in calibration or ()))
+
+    def export_layers(self, layers, folder):
+        from .openvino_export import ir_from_onnx
+
+        # from each layer's ONNX file: milliseconds, where a torch export takes a second or two
+        return [ir_from_onnx(onnx, Path(folder) / f"{onnx.stem}.xml") for _, _, onnx in layers]
 
 
 @EXPORTERS.register("litert")
@@ -123,12 +155,24 @@ class LitertExporter(Exporter):
     def export(self, model, path, shape, precision, calibration, batch=1):
         from .litert_export import export_tflite
 
-        return export_tflite(model, path, shape, precision, (x for x, _ in calibration))
+        return export_tflite(model, path, shape, precision, (x for x, _ in calibration or ()))
 
     def predictor(self, path):
         from .litert_export import tflite_predictor
 
         return tflite_predictor(path)
+
+    def quantize_file(self, src, dst, calibration):
+        from .litert_export import quantize_tflite
+
+        return quantize_tflite(src, dst, (x for x, _ in calibration or ()))
+
+    def export_layers(self, layers, folder):
+        from .litert_export import export_many_tflite
+
+        # one converter process for them all: its start-up (about 10 s) is paid once
+        items = [(module, shape, Path(folder) / f"{onnx.stem}.tflite") for module, shape, onnx in layers]
+        return export_many_tflite(items)
 
 
 def supported_exports() -> str:

@@ -5,9 +5,12 @@ environment of its own (`make litert-converter`) and this file imports only torc
 the converter.
 
     python litert_convert.py PROGRAM.pt2 SAMPLES.npy OUT.tflite fp32|int8
+    python litert_convert.py quantize FP32.tflite SAMPLES.npy OUT.tflite
+    python litert_convert.py many JOBS.txt
 
 SAMPLES.npy: input samples (N, C, H, W); the first is the example the program is traced with,
-all of them calibrate int8.
+all of them calibrate int8. JOBS.txt: one "PROGRAM.pt2 SAMPLES.npy OUT.tflite" per line, each
+converted in fp32 (a latency table's layers: the converter's start-up paid once).
 
 int8 is the LiteRT tools' static int8 (ai-edge-quantizer's int8 weights and activations on the
 fp32 file, calibrated on every sample): the file has int8 inputs and outputs with their scales.
@@ -46,12 +49,28 @@ def quantize(fp32: str, inputs, out: str) -> None:
     tool.quantize(calibration, enable_progress_report=False).export_model(out, overwrite=True)
 
 
+def quantize_file(fp32: str, samples: str, out: str) -> None:
+    import numpy as np
+
+    quantize(fp32, np.load(samples), out)
+
+
+def convert_many(jobs: str) -> None:
+    with open(jobs) as f:
+        for line in f:
+            if line.strip():
+                convert(*line.split(), "fp32")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 4 or argv[3] not in ("fp32", "int8"):
+    modes = {"quantize": (quantize_file, 3), "many": (convert_many, 1)}
+    run, count = modes.get(argv[0], (convert, 4)) if argv else (convert, 4)
+    args = argv[1:] if argv and argv[0] in modes else argv
+    if len(args) != count or (run is convert and args[3] not in ("fp32", "int8")):
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     try:
-        convert(*argv)
+        run(*args)
     except Exception as exc:  # noqa: BLE001  (the converter's refusal, said in one line by the caller)
         print(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}", file=sys.stderr)
         return 1

@@ -76,6 +76,34 @@ def _samples(shape: list[int], calibration: Iterable[torch.Tensor], precision: s
     return np.ascontiguousarray(np.concatenate(batches), np.float32)
 
 
+def _program(model: nn.Module, example: np.ndarray, where: Path) -> None:
+    """The model's torch.export program, saved for the converter; a refusal is one line."""
+    try:
+        program = torch.export.export(model.eval().cpu(), (torch.from_numpy(example),))
+    except Exception as exc:  # noqa: BLE001  (an operator or control flow torch.export refuses)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise EffvisionError(f"LiteRT cannot convert the model: torch.export failed: {first}") from None
+    torch.export.save(program, where)
+
+
+def _run_converter(args: list[str], cwd: str, what: str) -> None:
+    """litert_convert.py in the converter's environment; its refusal (last stderr line) is one line."""
+    done = subprocess.run(
+        [str(converter_python()), str(CONVERT_SCRIPT), *args], cwd=cwd, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()] or ["no output"]
+        raise EffvisionError(f"LiteRT cannot {what}: {lines[-1]}")
+
+
+def _place(staged: Path, path: Path) -> Path:
+    """Copied into a file made with the umask's mode (the quantizer writes its file 0755), whole or not at all."""
+    if not staged.is_file():
+        raise EffvisionError(f"LiteRT's converter wrote no {path.name}")
+    atomic_write(path, lambda tmp: shutil.copyfile(staged, tmp))
+    return path
+
+
 def export_tflite(
     model: nn.Module, path: str | Path, shape: list[int], precision: str = "fp32", calibration=()
 ) -> Path:
@@ -84,24 +112,41 @@ def export_tflite(
     _require(convert=True)
     path = Path(path)
     samples = _samples(shape, calibration, precision)
-    model = model.eval().cpu()
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.stem}-") as tmp:
-        try:
-            program = torch.export.export(model, (torch.from_numpy(samples[:1]),))
-        except Exception as exc:  # noqa: BLE001  (an operator or control flow torch.export refuses)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise EffvisionError(f"LiteRT cannot convert the model: torch.export failed: {first}") from None
-        torch.export.save(program, Path(tmp) / "program.pt2")
+        _program(model, samples[:1], Path(tmp) / "program.pt2")
         np.save(Path(tmp) / "samples.npy", samples)
-        staged = Path(tmp) / "model.tflite"
-        cmd = [str(converter_python()), str(CONVERT_SCRIPT), "program.pt2", "samples.npy", staged.name, precision]
-        done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
-        if done.returncode != 0 or not staged.is_file():
-            lines = [line for line in done.stderr.strip().splitlines() if line.strip()] or ["no output"]
-            raise EffvisionError(f"LiteRT cannot convert the model: {lines[-1]}")
-        # copied into a file made with the umask's mode (the quantizer writes its file 0755)
-        atomic_write(path, lambda tmp: shutil.copyfile(staged, tmp))
-    return path
+        _run_converter(["program.pt2", "samples.npy", "model.tflite", precision], tmp, "convert the model")
+        return _place(Path(tmp) / "model.tflite", path)
+
+
+def quantize_tflite(src: str | Path, dst: str | Path, calibration: Iterable[torch.Tensor]) -> Path:
+    """An fp32 .tflite file in int8 by the LiteRT tools (as export_tflite's int8), calibrated on
+    every sample given."""
+    _require(convert=True)
+    src, dst = check_tflite(src).resolve(), Path(dst)
+    samples = _samples([], calibration, "int8")
+    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.stem}-") as tmp:
+        np.save(Path(tmp) / "samples.npy", samples)
+        _run_converter(["quantize", str(src), "samples.npy", "model.tflite"], tmp, f"quantize {src.name}")
+        return _place(Path(tmp) / "model.tflite", dst)
+
+
+def export_many_tflite(items: list[tuple[nn.Module, list[int], Path]]) -> list[Path]:
+    """Many small models (module, input shape without the batch, destination) converted in fp32 by
+    one converter process."""
+    _require(convert=True)
+    if not items:
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = []
+        for i, (module, shape, _) in enumerate(items):
+            example = np.zeros((1, *shape), np.float32)
+            _program(module, example, Path(tmp) / f"{i}.pt2")
+            np.save(Path(tmp) / f"{i}.npy", example)
+            jobs.append(f"{i}.pt2 {i}.npy {i}.tflite")
+        (Path(tmp) / "jobs.txt").write_text("\n".join(jobs) + "\n")
+        _run_converter(["many", "jobs.txt"], tmp, "convert a latency table's layers")
+        return [_place(Path(tmp) / f"{i}.tflite", Path(dst)) for i, (_, _, dst) in enumerate(items)]
 
 
 def check_tflite(path: str | Path) -> Path:

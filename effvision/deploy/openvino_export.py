@@ -114,6 +114,20 @@ def _quantize(ir, calibration: Iterable[torch.Tensor]):
     return nncf.quantize(ir, nncf.Dataset(batches), subset_size=len(batches))  # (its size counts items: batches)
 
 
+def quantize_ir(src: str | Path, dst: str | Path, calibration: Iterable[torch.Tensor]) -> Path:
+    """An fp32 IR quantized by NNCF (as export_ir's int8), written beside nothing else."""
+    _require(int8=True)
+    return save_ir(_quantize(read_ir(src), calibration), dst)
+
+
+def ir_from_onnx(onnx: str | Path, dst: str | Path) -> Path:
+    """An ONNX file converted to an fp32 IR as it is (a latency table's single layer)."""
+    _require()
+    import openvino as ov
+
+    return save_ir(ov.convert_model(str(onnx)), dst)
+
+
 def ir_input_shape(path: str | Path) -> list[int]:
     """The IR's input shape, its batch first (0 where the batch is dynamic)."""
     shape = read_ir(path).inputs[0].get_partial_shape()

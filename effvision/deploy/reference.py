@@ -87,7 +87,7 @@ def time_against_final(ctx, ref: Reference, batches: list[int], device, warmup: 
     for group in batch_groups(runtime.takes, batches):
         if runtime.fixed_batch:  # one program per batch size
             target = export_for_backend(
-                ref.model, runtime.suffix, "fp32", ctx.stage_dir, ctx.input_shape, batch=group[0]
+                ref.model, runtime.suffix, "fp32", ctx.stage_dir, ctx.full_input_shape, batch=group[0]
             )[0]
             if group[0] == min(batches):
                 ref.size_bytes = runtime.file_bytes(target)  # the program at the latency batch, as the headline's
@@ -99,7 +99,8 @@ def time_against_final(ctx, ref: Reference, batches: list[int], device, warmup: 
             final = (ctx.run_dir / arts[ref.kind], ref.final.get("precision", "fp32"))
         else:
             final = (load_checkpoint(ctx.run_dir / arts["model"]), "fp32")
-        targets = {NAME: (target, "fp32"), ref.final["name"]: final}
+        # the reference at the data's own input size, where a plan stage lowered the final's
+        targets = {NAME: (target, "fp32", ctx.full_input_shape), ref.final["name"]: (*final, ctx.input_shape)}
         rows += compare(targets, ctx.input_shape, ref.backend, group, device, warmup, repeats, min(10, repeats))
     return [{"stage": r.pop("target"), **r} for r in rows]
 

@@ -28,6 +28,7 @@ class Runtime:
     label = ""  # "ONNX", as in "fp32 ONNX"
     rank = 0  # which file of one stage ships when it has several: the lowest rank
     fixed_batch = False  # a file runs the one batch size it was exported for (one file per batch)
+    int8_tool = ""  # what makes its int8 files, as reports name it
 
     @property
     def takes(self) -> str:
@@ -74,6 +75,14 @@ class Runtime:
         """The file and those it needs beside it (an IR's weights), as shipped."""
         return [Path(path)]
 
+    def copy(self, src: str | Path, dst: str | Path) -> Path:
+        """The file and those it needs beside it, copied under dst's name."""
+        import shutil
+
+        for a, b in zip(self.files(src), self.files(dst), strict=True):
+            shutil.copyfile(a, b)
+        return Path(dst)
+
     def file_bytes(self, path: str | Path) -> int:
         """What the file weighs as shipped (with the files it needs beside it)."""
         return sum(f.stat().st_size for f in self.files(path))
@@ -93,6 +102,7 @@ class Runtime:
 class OnnxRuntimeFiles(Runtime):
     kind, suffix, export_format, default_backend = "onnx", ".onnx", "onnx", "onnxruntime-cpu"
     describes, label, bundle_package = "an ONNX file", "ONNX", "onnxruntime"
+    int8_tool = "effvision's int8 search (ONNX Runtime QDQ)"
 
     def predictor(self, path, backend=None):
         from .runtime import ort_session, run_session
@@ -137,6 +147,7 @@ class OnnxRuntimeFiles(Runtime):
 class ExecutorchPrograms(Runtime):
     kind, suffix, export_format, default_backend = "pte", ".pte", "executorch", "executorch"
     describes, label, rank, fixed_batch = "an ExecuTorch program", "ExecuTorch program", 1, True
+    int8_tool = "PT2E with XNNPACK's quantizer"
 
     def predictor(self, path, backend=None):
         from .executorch_export import pte_predictor
@@ -154,6 +165,7 @@ class ExecutorchPrograms(Runtime):
 class OpenvinoFiles(Runtime):
     kind, suffix, export_format, default_backend = "openvino", ".xml", "openvino", "openvino-cpu"
     describes, label, rank, bundle_package = "an OpenVINO IR (.xml)", "OpenVINO IR", 2, "openvino"
+    int8_tool = "NNCF"
     keeps_metadata_inside = True  # the IR's rt_info
 
     def files(self, path):
@@ -191,6 +203,7 @@ class OpenvinoFiles(Runtime):
 class LitertFiles(Runtime):
     kind, suffix, export_format, default_backend = "tflite", ".tflite", "litert", "litert-cpu"
     describes, label, rank, bundle_package = "a LiteRT file (.tflite)", "LiteRT", 3, "ai-edge-litert"
+    int8_tool = "the LiteRT tools (ai-edge-quantizer)"
     keeps_metadata_inside = True  # the flatbuffer's metadata table
 
     def predictor(self, path, backend=None):

@@ -19,7 +19,11 @@ from .exporters import FP32_RELATIVE_TOLERANCE, export_verified, parity_failure
 
 class ExportConfig(StageConfig):
     type: Literal["export"] = "export"
-    format: str = Field("onnx", description="export format: onnx, executorch, openvino or litert")
+    format: Optional[str] = Field(
+        None,
+        description="export format: onnx, executorch, openvino or litert (default: the format of the files the "
+        "recipe's target.backend runs, else onnx)",
+    )
     precision: Literal["fp32", "fp16", "int8"] = Field("fp32", description="the exported file's precision")
     calibration: CalibrationConfig = Field(
         default_factory=CalibrationConfig, description="{selector, n}: samples that calibrate int8 activations"
@@ -35,18 +39,33 @@ class ExportConfig(StageConfig):
 
     @field_validator("format")
     @classmethod
-    def _known_format(cls, v: str) -> str:
-        EXPORTERS.get(v)
+    def _known_format(cls, v: str | None) -> str | None:
+        if v is not None:
+            EXPORTERS.get(v)
         return v
+
+
+def export_format(ctx, cfg: ExportConfig) -> str:
+    """The stage's format: its own, else that of the files the target's backend runs (a target on
+    openvino-cpu ships an IR), else ONNX."""
+    from .runtimes import runtime_taking
+
+    if cfg.format is not None:
+        return cfg.format
+    target = getattr(ctx.recipe, "target", None)
+    if target is None:
+        return "onnx"
+    return runtime_taking(BACKENDS.get(target.backend).takes).export_format or "onnx"
 
 
 @register_stage("export", ExportConfig)
 def run_export(ctx, cfg: ExportConfig) -> StageResult:
     """Export the current model, verify it on validation samples, keep the figures beside it."""
-    suffix = EXPORTERS.get(cfg.format).suffix
+    fmt = export_format(ctx, cfg)
+    suffix = EXPORTERS.get(fmt).suffix
     path, check = export_verified(
         ctx.model,
-        cfg.format,
+        fmt,
         cfg.precision,
         ctx.stage_dir / f"model{suffix}",
         ctx.input_shape,
@@ -58,8 +77,8 @@ def run_export(ctx, cfg: ExportConfig) -> StageResult:
     tolerance = cfg.tolerance or getattr(ctx.model, "parity_tolerance", FP32_RELATIVE_TOLERANCE)
     failure = parity_failure(check, cfg.precision, tolerance, cfg.min_agreement)
     if failure:
-        raise EffvisionError(f"exported {cfg.format} {cfg.precision} is not the model: {failure} ({path})")
-    return ctx.artifact_result(path, extra={"format": cfg.format, "precision": cfg.precision, "parity": check})
+        raise EffvisionError(f"exported {fmt} {cfg.precision} is not the model: {failure} ({path})")
+    return ctx.artifact_result(path, extra={"format": fmt, "precision": cfg.precision, "parity": check})
 
 
 class EvaluateConfig(StageConfig):
