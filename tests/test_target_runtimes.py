@@ -118,3 +118,25 @@ def test_a_litert_target_without_its_converter_is_refused_before_the_run_starts(
     done = run_cli("compress", recipe, "--run-dir", tmp_path / "run", env={"EFFVISION_LITERT_PYTHON": str(tmp_path)})
     one_error_line(done, "target.backend litert-cpu", "LiteRT converter is not set up", "make litert-converter")
     assert not (tmp_path / "run").exists()
+
+
+@needs_openvino
+def test_nncf_accuracy_control_puts_back_in_float_what_int8_loses():
+    # calibrated on inputs far narrower than the data, plain int8 clips every activation: NNCF's accuracy
+    # control reverts the ops that cost the most until the file is within max_drop, and stays int8
+    out = child_json(
+        "import json, tempfile, torch; from pathlib import Path; "
+        "from effvision.data import load_dataset; from effvision.models import load_model; "
+        "from effvision.deploy import evaluate; from effvision.deploy.exporters import get_exporter; "
+        "from effvision.deploy.openvino_export import ir_precision; "
+        "torch.manual_seed(0); tmp = Path(tempfile.mkdtemp()); val = list(load_dataset('digits').val_loader()); "
+        "ov = get_exporter('openvino', 'int8'); "
+        "fp32 = ov.export(load_model('cifar_resnet8_100.digits').eval(), tmp / 'f.xml', [3, 32, 32], 'fp32', ()); "
+        "calib = [(torch.rand(32, 3, 32, 32) * 0.05, None) for _ in range(4)]; "
+        "plain = ov.quantize_file(fp32, tmp / 'q.xml', calib); "
+        "ctl = ov.quantize_within(fp32, tmp / 'c.xml', calib, val, 0.01); "
+        "print(json.dumps({'fp32': evaluate(fp32, val), 'plain': evaluate(plain, val), "
+        "'ctl': evaluate(ctl, val), 'precision': ir_precision(ctl)}))"
+    )
+    assert out["fp32"] - out["plain"] > 0.1, out  # the narrow calibration costs plain int8 dearly
+    assert out["fp32"] - out["ctl"] <= 0.01 + 1e-9 and out["precision"] == "int8", out

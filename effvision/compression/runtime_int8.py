@@ -42,7 +42,8 @@ def quantize_in_runtime(ctx, cfg, src: Path) -> StageResult:
     work = ctx.stage_dir / "int8-work"
     work.mkdir(exist_ok=True)
     calib = list(ctx.calibration_loader(cfg.calibration))
-    int8 = get_exporter(runtime.export_format, "int8").quantize_file(src, work / f"int8{runtime.suffix}", calib)
+    exporter = get_exporter(runtime.export_format, "int8")
+    int8 = exporter.quantize_file(src, work / f"int8{runtime.suffix}", calib)
     shipped, decision = int8, f"int8 by {runtime.int8_tool}"
     max_drop, from_accuracy = floor_of(ctx, cfg.max_drop, runtime)
     accuracy = None
@@ -58,6 +59,12 @@ def quantize_in_runtime(ctx, cfg, src: Path) -> StageResult:
             "met": met,
         }
         log(f"  int8 top-1 {int8_acc:.4f} against {fp32_acc:.4f} (floor {max_drop})")
+        if not met and cfg.accuracy_control and exporter.accuracy_control:
+            control = _controlled(ctx, exporter, src, work, calib, fp32_acc, max_drop)
+            made = control.pop("path", None)
+            if made is not None:
+                int8, int8_acc, met = made, control["int8_accuracy"], control["met"]
+            accuracy.update(int8_accuracy=int8_acc, met=met, accuracy_control=control)
         if not met:
             lost = 100 * (fp32_acc - int8_acc)
             shipped, decision = (
@@ -87,3 +94,24 @@ def quantize_in_runtime(ctx, cfg, src: Path) -> StageResult:
             "accuracy_search": accuracy,
         },
     )
+
+
+def _controlled(ctx, exporter, src: Path, work: Path, calib, floor_from: float, max_drop: float) -> dict:
+    """int8 by the tool's accuracy control (NNCF's): ops back in float until the file loses at most
+    what the floor leaves it against `src` (max_drop less what earlier stages lost). The record, with
+    the file (`path`) and its top-1 on the validation split (scored here, in the runtime) when made."""
+    from ..deploy import evaluate
+
+    val = ctx.data.val_loader
+    src_acc = evaluate(src, val())
+    budget = round(max_drop - (floor_from - src_acc), 6)
+    record = {"max_drop_against_input": budget, "input_accuracy": src_acc}
+    if budget <= 0:
+        log(f"  no int8 accuracy control: the stages before it left no room under the floor ({budget:+.4f})")
+        return {**record, "met": False}
+    log(f"  int8 by the tool's accuracy control: at most {budget} below {src.name}'s {src_acc:.4f}")
+    path = exporter.quantize_within(src, work / f"int8-controlled{src.suffix}", calib, val(), budget)
+    acc = evaluate(path, val())
+    met = floor_from - acc <= max_drop + 1e-9
+    log(f"  accuracy-controlled int8 top-1 {acc:.4f} ({'within' if met else 'past'} the floor)")
+    return {**record, "path": path, "int8_accuracy": acc, "met": met}

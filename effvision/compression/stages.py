@@ -287,6 +287,11 @@ class QuantizeConfig(SpeedCheckSettings, StageConfig):
         True, description="keep in float the layer groups (stem, depthwise, classifier, element-wise) measured slower"
     )
     rank_samples: int = Field(256, ge=8, description="calibration samples the layer sensitivity is measured on")
+    accuracy_control: bool = Field(
+        True,
+        description="an OpenVINO IR whose int8 misses max_drop: NNCF's accuracy control puts the ops that cost the "
+        "most back in float (ONNX files: the node reverts above)",
+    )
 
 
 def decision_batches(ctx, cfg: SpeedCheckSettings) -> tuple[list[int], str]:

@@ -41,6 +41,13 @@ class Exporter:
         how a target on this runtime ships a pruned candidate in int8."""
         raise EffvisionError(f"{self.suffix} files are not quantized from an fp32 file by effvision")
 
+    accuracy_control = False  # quantize_within: its own tool puts ops back in float until a floor holds
+
+    def quantize_within(self, src: Path, dst: Path, calibration, validation, max_drop: float) -> Path:
+        """int8 by this format's tool with its accuracy control: at most `max_drop` (absolute top-1)
+        below `src` on `validation` ((x, y) batches)."""
+        raise NotImplementedError
+
     def export_layers(self, layers: list[tuple[nn.Module, list[int], Path]], folder: Path) -> list[Path]:
         """fp32 files of single layers for a latency table: each item is the layer as a module, its
         input shape (without the batch) and its ONNX file, already written. One export each here."""
@@ -132,6 +139,13 @@ class OpenvinoExporter(Exporter):
         from .openvino_export import quantize_ir
 
         return quantize_ir(src, dst, (x for x, _ in calibration or ()))
+
+    accuracy_control = True  # NNCF's quantize_with_accuracy_control
+
+    def quantize_within(self, src, dst, calibration, validation, max_drop):
+        from .openvino_export import quantize_ir_within
+
+        return quantize_ir_within(src, dst, (x for x, _ in calibration), validation, max_drop)
 
     def export_layers(self, layers, folder):
         from .openvino_export import ir_from_onnx

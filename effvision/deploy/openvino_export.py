@@ -7,6 +7,7 @@ command that needs them says so in one line."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -118,6 +119,36 @@ def quantize_ir(src: str | Path, dst: str | Path, calibration: Iterable[torch.Te
     """An fp32 IR quantized by NNCF (as export_ir's int8), written beside nothing else."""
     _require(int8=True)
     return save_ir(_quantize(read_ir(src), calibration), dst)
+
+
+def quantize_ir_within(src: str | Path, dst: str | Path, calibration, validation, max_drop: float) -> Path:
+    """An fp32 IR in int8 by NNCF's quantization with accuracy control: the ops whose int8 costs the
+    most top-1 go back to float until the file loses at most `max_drop` (absolute) against `src` on
+    `validation` ((x, y) batches, scored one sample at a time, as NNCF ranks them)."""
+    _require(int8=True)
+    import nncf
+
+    batches = [np.ascontiguousarray(x.numpy() if isinstance(x, torch.Tensor) else x, np.float32) for x in calibration]
+    samples = [
+        (np.ascontiguousarray(x[i : i + 1].numpy(), np.float32), int(y[i]))
+        for x, y in validation
+        for i in range(len(y))
+    ]
+
+    def top1(compiled, items) -> tuple[float, list[float]]:
+        hits = [float(np.argmax(compiled(x)[0]) == label) for x, label in items]
+        return sum(hits) / max(len(hits), 1), hits
+
+    nncf.set_log_level(logging.WARNING)  # its per-iteration INFO lines; the stage logs what it decided
+    ir = nncf.quantize_with_accuracy_control(
+        read_ir(src),
+        nncf.Dataset(batches),
+        nncf.Dataset(samples, lambda item: item[0]),
+        top1,
+        max_drop=max_drop,
+        subset_size=len(batches),
+    )
+    return save_ir(ir, dst)
 
 
 def ir_from_onnx(onnx: str | Path, dst: str | Path) -> Path:
