@@ -120,6 +120,7 @@ def test_a_litert_target_without_its_converter_is_refused_before_the_run_starts(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # about 35 s (a child loading NNCF, ten validations): make test is at its 15-minute budget
 @needs_openvino
 def test_nncf_accuracy_control_puts_back_in_float_what_int8_loses():
     # calibrated on inputs far narrower than the data, plain int8 clips every activation: NNCF's accuracy

@@ -30,9 +30,8 @@ from ..progress import log
 from ..recipe import StageConfig
 from ..stage import StageResult, register_stage
 
-INT8_BACKEND = (
-    "onnxruntime-cpu"  # where the int8 search (layer groups, node reverts) decides; other runtimes: their own tool
-)
+# where the int8 search (layer groups, node reverts) decides; on OpenVINO and LiteRT their own tool does
+INT8_BACKEND = "onnxruntime-cpu"
 
 
 class PlanConfig(StageConfig):
