@@ -43,7 +43,8 @@ def test_a_target_on_a_runtime_is_planned_quantized_and_measured_there(tmp_path,
     recipe.write_text(yaml.safe_dump(raw))
     run = tmp_path / "run"
     done = run_cli("compress", recipe, "--run-dir", run)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # exit 1 is the target's verdict (a timing on a shared machine: int8 measured slower ships fp32); the report says
+    assert done.returncode == 0 or "target not met" in done.stderr, done.stderr[-3000:]
     report = json.loads((run / "report.json").read_text())
     plan = report["plan"]
     # the levers are the runtime's files, int8 made by its own tool, timed on the target's backend

@@ -60,7 +60,8 @@ def quantize_in_runtime(ctx, cfg, src: Path) -> StageResult:
         }
         log(f"  int8 top-1 {int8_acc:.4f} against {fp32_acc:.4f} (floor {max_drop})")
         if not met and cfg.accuracy_control and exporter.accuracy_control:
-            control = _controlled(ctx, exporter, src, work, calib, fp32_acc, max_drop)
+            src_acc = fp32_acc if from_accuracy is None else evaluate(src, ctx.data.val_loader())
+            control = _controlled(ctx, exporter, src, src_acc, work, calib, fp32_acc, max_drop)
             made = control.pop("path", None)
             if made is not None:
                 int8, int8_acc, met = made, control["int8_accuracy"], control["met"]
@@ -96,14 +97,15 @@ def quantize_in_runtime(ctx, cfg, src: Path) -> StageResult:
     )
 
 
-def _controlled(ctx, exporter, src: Path, work: Path, calib, floor_from: float, max_drop: float) -> dict:
+def _controlled(
+    ctx, exporter, src: Path, src_acc: float, work: Path, calib, floor_from: float, max_drop: float
+) -> dict:
     """int8 by the tool's accuracy control (NNCF's): ops back in float until the file loses at most
     what the floor leaves it against `src` (max_drop less what earlier stages lost). The record, with
     the file (`path`) and its top-1 on the validation split (scored here, in the runtime) when made."""
     from ..deploy import evaluate
 
     val = ctx.data.val_loader
-    src_acc = evaluate(src, val())
     budget = round(max_drop - (floor_from - src_acc), 6)
     record = {"max_drop_against_input": budget, "input_accuracy": src_acc}
     if budget <= 0:
