@@ -87,6 +87,10 @@ def collect_env() -> dict:
         "onnx": _version("onnx"),
         "onnxruntime": _version("onnxruntime"),
         "torch_pruning": _version("torch-pruning"),
+        "openvino": _version("openvino"),  # the optional runtimes: None where not installed
+        "nncf": _version("nncf"),
+        "litert": _version("ai-edge-litert"),
+        "executorch": _version("executorch"),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

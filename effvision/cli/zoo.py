@@ -96,26 +96,35 @@ def zoo_compat(
     out: Path = typer.Option(
         Path("docs/compat.md"), help="Markdown table to write (a .json with every measurement goes beside it)."
     ),
+    runtimes: str = typer.Option(
+        "all",
+        help="Runtimes besides ONNX Runtime each pruned model is also exported to and checked in, comma-separated "
+        "(openvino, litert, executorch), 'all' (those installed here) or 'none'.",
+    ),
 ):
-    """Take timm models through create, forward, backward, prune, export, ONNX Runtime parity and int8;
-    write the table."""
+    """Take timm models through create, forward, backward, prune, export, ONNX Runtime parity and int8,
+    then each other runtime's fp32 file; write the table."""
     from ..progress import track
-    from ..zoo.compat import DEFAULT_MODELS, run_compat, write_compat
+    from ..zoo.compat import DEFAULT_MODELS, compat_runtimes, run_compat, runtime_cell, write_compat
 
     names = csv(models) if models else list(DEFAULT_MODELS)
-    rows = run_compat(names, size=size, prune_ratio=prune_ratio, timeout_s=timeout, progress=track)
+    others, notes = ([], []) if runtimes == "none" else compat_runtimes(csv(runtimes))
+    for note in notes:
+        print(note)
+    rows = run_compat(names, size=size, prune_ratio=prune_ratio, timeout_s=timeout, progress=track, runtimes=others)
     import shlex
 
     command = "effvision " + shlex.join(ARGV)  # the table says what wrote it
-    path = write_compat(rows, out, size, prune_ratio, command)
+    path = write_compat(rows, out, size, prune_ratio, command, others, notes)
     table(
         f"{sum(r.ok for r in rows)} of {len(rows)} pass every step",
-        ["model", "result", "failing step: reason"],
+        ["model", "result", "failing step: reason", *others],
         [
             [
                 r.name.removeprefix("timm:"),
                 "pass" if r.ok else "[red]FAIL[/]",
                 "" if r.ok else f"{r.failed_step}: {r.reason}",
+                *(runtime_cell(r.runtimes.get(name)) for name in others),
             ]
             for r in rows
         ],

@@ -135,26 +135,40 @@ def blame(r: Conformance, size: int, num_classes: int, ratio: float) -> str:
     return "not classified"
 
 
-def _child(name: str, size: int, num_classes: int, ratio: float, timeout_s: float, folder: str) -> None:
-    """One model in its own process: a stuck step dumps its stack to trace.txt and exits."""
+def _child(
+    name: str, size: int, num_classes: int, ratio: float, timeout_s: float, folder: str, runtimes: list[str]
+) -> None:
+    """One model in its own process: a stuck step dumps its stack to trace.txt and exits. Each other
+    runtime gets its own time limit, and the row so far is on disk before each starts."""
     import faulthandler
     import warnings
 
+    from ..deploy.runtimes import runtime_named
     from ..fileio import write_json, write_text
 
     warnings.simplefilter("ignore")  # torch-pruning's and the exporter's notes would bury the table
 
     trace = open(Path(folder) / "trace.txt", "w")
+
+    def on_step(step: str) -> None:
+        write_text(Path(folder) / "step.txt", step)
+        if step.startswith("runtime "):
+            faulthandler.cancel_dump_traceback_later()
+            faulthandler.dump_traceback_later(timeout_s, exit=True, file=trace)
+
     faulthandler.dump_traceback_later(timeout_s, exit=True, file=trace)
     r = run_conformance(
         f"timm:{name}",
         [3, size, size],
         num_classes=num_classes,
         prune_ratio=ratio,
-        on_step=lambda step: write_text(Path(folder) / "step.txt", step),
+        on_step=on_step,
+        runtimes=[runtime_named(n) for n in runtimes],
+        on_row=lambda row: write_json(Path(folder) / "result.json", row.as_dict()),
     )
     faulthandler.cancel_dump_traceback_later()
     write_json(Path(folder) / "result.json", r.as_dict())
+    write_text(Path(folder) / "step.txt", "done")
     if not r.ok:  # the rerun without effvision gets its own time limit; the row above stands if it hangs
         faulthandler.dump_traceback_later(timeout_s, exit=True, file=open(Path(folder) / "blame-trace.txt", "w"))
         r.cause = blame(r, size, num_classes, ratio)
@@ -171,46 +185,54 @@ def stuck_in(trace: str) -> str | None:
     return None
 
 
-def run_isolated(name: str, size: int, num_classes: int, ratio: float, timeout_s: float) -> Conformance:
+def _why_stopped(folder: Path, timeout_s: float, exitcode) -> tuple[str, str | None]:
+    """(reason, where it was stuck) for a child that stopped inside a step: faulthandler's dump
+    says "Timeout" when the step's time limit stopped it."""
+    trace = (folder / "trace.txt").read_text()
+    if "Timeout (" in trace:
+        where = stuck_in(trace)
+        return f"did not finish in {timeout_s:.0f} s" + (f" (stuck in {where})" if where else ""), where
+    return f"the process died (exit code {exitcode})", None
+
+
+def run_isolated(
+    name: str, size: int, num_classes: int, ratio: float, timeout_s: float, runtimes: list[str] = ()
+) -> Conformance:
     """run_conformance in a fresh process, so a step that never ends (or crashes the
-    interpreter) becomes a row saying where, not a hung sweep."""
+    interpreter) becomes a row saying where, not a hung sweep; a runtime that hangs or crashes
+    becomes its cell, the rest of the row kept."""
     import multiprocessing as mp
     import tempfile
 
     from ..fileio import read_json
 
-    with tempfile.TemporaryDirectory() as folder:
-        proc = mp.get_context("spawn").Process(target=_child, args=(name, size, num_classes, ratio, timeout_s, folder))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        args = (name, size, num_classes, ratio, timeout_s, tmp, list(runtimes))
+        proc = mp.get_context("spawn").Process(target=_child, args=args)
         start = time.perf_counter()
         proc.start()
-        proc.join(2 * timeout_s + 120)  # the child stops itself; this is for a wedged one
+        proc.join((2 + len(runtimes)) * timeout_s + 120)  # the child stops itself; this is for a wedged one
         if proc.is_alive():
             proc.kill()
             proc.join()
-        result_file, step_file = Path(folder) / "result.json", Path(folder) / "step.txt"
+        result_file, step_file = folder / "result.json", folder / "step.txt"
+        step = step_file.read_text() if step_file.is_file() else "create"
         if result_file.is_file():
             data = read_json(result_file)
             data.pop("ok", None)
             r = Conformance(**data)
+            running = step.removeprefix("runtime ")
+            if step.startswith("runtime ") and running not in r.runtimes:  # it stopped in this runtime
+                reason, _ = _why_stopped(folder, timeout_s, proc.exitcode)
+                r.runtimes[running] = {"ok": False, "reason": reason}
             r.cause = r.cause or (None if r.ok else "not classified (the rerun without effvision did not finish)")
             return r
-        step = step_file.read_text() if step_file.is_file() else "create"
-        where = stuck_in((Path(folder) / "trace.txt").read_text())
-        timed_out = time.perf_counter() - start >= timeout_s
-        reason = (
-            (f"did not finish in {timeout_s:.0f} s" + (f" (stuck in {where})" if where else ""))
-            if timed_out
-            else f"the process died (exit code {proc.exitcode})"
-        )
-        r = Conformance(
-            f"timm:{name}",
-            [3, size, size],
-            failed_step=step,
-            reason=reason,
-            seconds=round(time.perf_counter() - start, 1),
-        )
+        seconds = time.perf_counter() - start
+        reason, where = _why_stopped(folder, timeout_s, proc.exitcode)
+        r = Conformance(f"timm:{name}", [3, size, size], failed_step=step, reason=reason, seconds=round(seconds, 1))
         r.passed = list(STEPS[: STEPS.index(step)])
-        r.cause = f"upstream: {where.split('/')[0]}" if timed_out and where else "not classified"
+        r.cause = f"upstream: {where.split('/')[0]}" if where else "not classified"
         return r
 
 
@@ -221,8 +243,10 @@ def run_compat(
     prune_ratio: float = 0.3,
     timeout_s: float = 300,
     progress=None,
+    runtimes: list[str] = (),
 ) -> list[Conformance]:
-    """Every model in its own process with a time limit; a typo in a name fails before any runs."""
+    """Every model in its own process with a time limit; a typo in a name fails before any runs.
+    `runtimes`: the other runtimes (by name) each pruned model is also converted to and checked in."""
     import timm
 
     from ..registry import UnknownNameError, suggest
@@ -232,24 +256,61 @@ def run_compat(
         if not timm.is_model(n):
             raise UnknownNameError(suggest(n, timm.list_models(), "timm model"))
     items = progress(names, "conformance") if progress else names
-    return [run_isolated(n, size, num_classes, prune_ratio, timeout_s) for n in items]
+    return [run_isolated(n, size, num_classes, prune_ratio, timeout_s, runtimes) for n in items]
+
+
+def compat_runtimes(names: list[str]) -> tuple[list[str], list[str]]:
+    """The runtimes besides ONNX Runtime that the table gets a column for ("all": every one
+    installed here, the others noted with what to install; named ones must be installed)."""
+    from ..deploy.runtime_compare import BASELINE, runtimes_asked
+
+    if names != ["all"] and BASELINE[0] not in names:
+        names = [BASELINE[0], *names]
+    kept, notes = runtimes_asked(names)
+    return [r.name for r in kept if r.name != BASELINE[0]], notes
 
 
 def _mparams(n: int | None) -> str:
     return "-" if n is None else f"{n / 1e6:.2f}"
 
 
-def to_markdown(rows: list[Conformance], size: int, prune_ratio: float, env: dict, command: str) -> str:
+def runtime_cell(check: dict | None) -> str:
+    if check is None:
+        return "-"
+    return f"ok {check['relative']:.0e}" if check["ok"] else "FAIL"
+
+
+def runtime_summary(rows: list[Conformance], runtimes: list[str]) -> list[str]:
+    """One line per runtime: of the models whose pruned model runs, how many convert and agree."""
+    reached = [r for r in rows if "pruned forward" in r.passed]
+    return [
+        f"{name}: {sum(bool(r.runtimes.get(name, {}).get('ok')) for r in reached)} of {len(reached)}"
+        for name in runtimes
+    ]
+
+
+def to_markdown(
+    rows: list[Conformance],
+    size: int,
+    prune_ratio: float,
+    env: dict,
+    command: str,
+    runtimes: list[str] = (),
+    notes: list[str] = (),
+) -> str:
     from ..deploy.exporters import FP32_RELATIVE_TOLERANCE
 
     passed = sum(r.ok for r in rows)
+    optional = {"openvino": "openvino", "litert": "ai-edge-litert", "executorch": "executorch"}
+    versions = ", ".join(f"{label} {env[key]}" for key, label in optional.items() if env.get(key))
     lines = [
         "# Compatibility: timm's efficient models through effvision",
         "",
         f"Generated by `{command}` (effvision {env.get('effvision')}, git {env.get('git_sha')}; timm "
         f"{env.get('timm')}, "
-        f"torch {env.get('torch')}, torch-pruning {env.get('torch_pruning')}, onnxruntime {env.get('onnxruntime')}; "
-        f"{env.get('cpu')}).",
+        f"torch {env.get('torch')}, torch-pruning {env.get('torch_pruning')}, onnxruntime {env.get('onnxruntime')}"
+        + (f", {versions}" if versions else "")
+        + f"; {env.get('cpu')}).",
         "",
         f"Each model is built with random weights for 10 classes at 3x{size}x{size} and taken through "
         f"{' -> '.join(STEPS)}: forward checks shape and finite logits, backward that every trainable parameter gets "
@@ -264,9 +325,23 @@ def to_markdown(rows: list[Conformance], size: int, prune_ratio: float, env: dic
         "",
         f"**{passed} of {len(rows)} pass every step ({passed / max(len(rows), 1):.0%}).**",
         "",
+    ]
+    if runtimes or notes:
+        lines += [
+            "The other runtimes: once a model's pruned model runs, it is also exported as each runtime's fp32 file "
+            "(effvision's own export for that runtime) and run there on the same 6 photographs, judged as the ONNX "
+            "file is; a cell gives `ok` and the relative difference, or FAIL (the reason is listed below the table), "
+            "or - where the pruned model did not run. Convert and agree, of the models whose pruned model runs: "
+            + "; ".join(runtime_summary(rows, list(runtimes)))
+            + ("." if runtimes else "")
+            + "".join(f" {note}." for note in notes),
+            "",
+        ]
+    lines += [
         "| model | params (M) | pruned (M) | MACs (G) | pruned MACs (G) | parity max diff | relative | top-1 agree "
-        "| result | failing step: reason | s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        + "".join(f"| {name} " for name in runtimes)
+        + "| result | failing step: reason | s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---|" * len(runtimes) + "---|---|---:|",
     ]
     for r in rows:
         macs = "-" if r.macs is None else f"{r.macs / 1e9:.3f}"
@@ -275,11 +350,20 @@ def to_markdown(rows: list[Conformance], size: int, prune_ratio: float, env: dic
         rel = "-" if r.parity_relative is None else f"{r.parity_relative:.1e}"
         agree = "-" if r.parity_agreement is None else f"{r.parity_agreement:.0%}"
         why = "" if r.ok else f"{r.failed_step}: {r.reason} — {r.cause}".replace("|", "\\|")
+        cells = "".join(f"{runtime_cell(r.runtimes.get(name))} | " for name in runtimes)
         name = r.name.removeprefix("timm:")
         lines.append(
             f"| {name} | {_mparams(r.params)} | {_mparams(r.pruned_params)} | {macs} | {pmacs} | {err} | {rel} | "
-            f"{agree} | {'pass' if r.ok else 'FAIL'} | {why} | {r.seconds:.0f} |"
+            f"{agree} | {cells}{'pass' if r.ok else 'FAIL'} | {why} | {r.seconds:.0f} |"
         )
+    failures = [
+        f"- {r.name.removeprefix('timm:')}, {name}: {check['reason']}"
+        for r in rows
+        for name in runtimes
+        if (check := r.runtimes.get(name)) and not check["ok"]
+    ]
+    if failures:
+        lines += ["", "Why a runtime failed:", "", *failures]
     lines += [
         "",
         "MACs are torch-pruning's count of module operations: matrix products written as functions "
@@ -292,7 +376,15 @@ def to_markdown(rows: list[Conformance], size: int, prune_ratio: float, env: dic
     return "\n".join(lines)
 
 
-def write_compat(rows: list[Conformance], path: str | Path, size: int, prune_ratio: float, command: str) -> Path:
+def write_compat(
+    rows: list[Conformance],
+    path: str | Path,
+    size: int,
+    prune_ratio: float,
+    command: str,
+    runtimes: list[str] = (),
+    notes: list[str] = (),
+) -> Path:
     from ..env import collect_env
     from ..fileio import write_json, write_text
 
@@ -300,6 +392,14 @@ def write_compat(rows: list[Conformance], path: str | Path, size: int, prune_rat
     env = collect_env()
     write_json(
         path.with_suffix(".json"),
-        {"env": env, "command": command, "size": size, "prune_ratio": prune_ratio, "rows": [r.as_dict() for r in rows]},
+        {
+            "env": env,
+            "command": command,
+            "size": size,
+            "prune_ratio": prune_ratio,
+            "runtimes": list(runtimes),
+            "notes": list(notes),
+            "rows": [r.as_dict() for r in rows],
+        },
     )
-    return write_text(path, to_markdown(rows, size, prune_ratio, env, command))
+    return write_text(path, to_markdown(rows, size, prune_ratio, env, command, runtimes, notes))

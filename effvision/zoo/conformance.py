@@ -1,7 +1,9 @@
 """The conformance run: one model through every stage the pipeline puts it through.
 
 create -> forward (shape, finite) -> backward (every trainable parameter gets a gradient) ->
-prune -> forward -> ONNX export -> ONNX Runtime parity -> int8 quantize -> int8 runs.
+prune -> forward -> ONNX export -> ONNX Runtime parity -> int8 quantize -> int8 runs; then, given
+other runtimes (OpenVINO, LiteRT, ExecuTorch), the pruned model as each one's fp32 file, judged the
+same way (a runtime's failure is its own column, not the row's).
 Parity is judged as the export stage judges it (deploy.exporters.parity_failure): the largest
 difference relative to the logits' scale, and top-1 agreement, on real photographs where the
 model takes images (scikit-learn ships two), random inputs elsewhere.
@@ -47,6 +49,7 @@ class Conformance:
     parity_agreement: float | None = None  # top-1 agreement of the ONNX file with PyTorch
     seconds: float = 0.0
     cause: str | None = None  # for a failure: whose it is (upstream or effvision), when known
+    runtimes: dict = field(default_factory=dict)  # runtime name -> its fp32 file's parity, or why it has none
 
     @property
     def ok(self) -> bool:
@@ -100,12 +103,16 @@ def run_conformance(
     calibration_samples: int = 8,
     workdir: str | Path | None = None,
     on_step=None,
+    runtimes=(),
+    on_row=None,
     **model_kwargs,
 ) -> Conformance:
     """Run every step; stop at the first failure and record which step failed and why (one line).
     Parity: max |onnx - torch| <= relative_tolerance * max |torch| on the pruned model's logits
     (default the export stage's), and the same top-1 on every input. `on_step(name)` is called as
-    each step starts (a supervisor that kills a stuck run reads it)."""
+    each step starts (a supervisor that kills a stuck run reads it). `runtimes` (deploy.runtimes
+    objects) each get the pruned model as their fp32 file, judged the same way, once the pruned
+    model runs; `on_row(result)` is called before the first and after each (a row so far)."""
     from ..compression import prune
     from ..compression.quantize import quantize_onnx
     from ..deploy import export_onnx
@@ -118,10 +125,13 @@ def run_conformance(
     start = time.perf_counter()
     torch.manual_seed(0)
     x = torch.randn(2, *input_size)
+    tolerance = relative_tolerance or FP32_RELATIVE_TOLERANCE
+    inputs = real_images(input_size, 6)
+    batch = torch.cat([x, x, x]) if inputs is None else inputs  # a batch size other than the export's
     step = "create"
     _announce(on_step, step)
-    try:
-        with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        try:
             model = create_model(name, num_classes=num_classes, input_size=list(input_size), **model_kwargs)
             result.params, result.macs = count_params(model), count_macs(model, list(input_size))
             result.passed.append(step)
@@ -173,13 +183,11 @@ def run_conformance(
             step = "parity"
             _announce(on_step, step)
             session = ort_session(onnx_path)
-            inputs = real_images(input_size, 6)
-            batch = torch.cat([x, x, x]) if inputs is None else inputs  # a batch size other than the export's
             # parity checks the output's shape too: a batch size other than the export's
             check = parity(model, lambda a: run_session(session, a), [(batch, None)])
             result.parity_error, result.parity_relative = check["max_abs_diff"], check["relative_diff"]
             result.parity_agreement = check["top1_agreement"]
-            failure = parity_failure(check, "fp32", relative_tolerance or FP32_RELATIVE_TOLERANCE, min_agreement=1.0)
+            failure = parity_failure(check, "fp32", tolerance, min_agreement=1.0)
             if failure:
                 raise StepFailed(step, failure)
             result.passed.append(step)
@@ -192,9 +200,45 @@ def run_conformance(
             if got.shape != (2, num_classes) or not np.isfinite(got).all():
                 raise StepFailed(step, f"int8 model gave shape {got.shape}, finite={bool(np.isfinite(got).all())}")
             result.passed.append(step)
-    except StepFailed as exc:
-        result.failed_step, result.reason = exc.step, exc.reason
-    except Exception as exc:  # noqa: BLE001  (any failure is a row in the table, with its reason)
-        result.failed_step, result.reason = step, one_line(exc, 240)
-    result.seconds = round(time.perf_counter() - start, 2)
+        except StepFailed as exc:
+            result.failed_step, result.reason = exc.step, exc.reason
+        except Exception as exc:  # noqa: BLE001  (any failure is a row in the table, with its reason)
+            result.failed_step, result.reason = step, one_line(exc, 240)
+        result.seconds = round(time.perf_counter() - start, 2)
+        if "pruned forward" in result.passed and runtimes:  # a pruned model to hand to the other runtimes
+            if on_row is not None:
+                on_row(result)
+            for runtime in runtimes:
+                _announce(on_step, f"runtime {runtime.name}")
+                result.runtimes[runtime.name] = runtime_parity(model, runtime, input_size, batch, Path(tmp), tolerance)
+                result.seconds = round(time.perf_counter() - start, 2)
+                if on_row is not None:
+                    on_row(result)
     return result
+
+
+def runtime_parity(
+    model: torch.nn.Module, runtime, input_size: list[int], batch: torch.Tensor, folder: Path, tolerance: float
+) -> dict:
+    """The model as `runtime`'s fp32 file, run on `batch` in that runtime and judged as the ONNX
+    file is: {"ok", "reason", "relative", "agreement", "seconds"}."""
+    from ..deploy.exporters import export_verified, parity_failure
+    from ..registry import EXPORTERS
+
+    start = time.perf_counter()
+    path = folder / runtime.name / f"model{EXPORTERS.get(runtime.export_format).suffix}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _, check = export_verified(
+            model, runtime.export_format, "fp32", path, list(input_size), None, [(batch, None)], batch=len(batch)
+        )
+    except Exception as exc:  # noqa: BLE001  (the runtime's refusal is its cell in the table)
+        return {"ok": False, "reason": one_line(exc, 240), "seconds": round(time.perf_counter() - start, 1)}
+    failure = parity_failure(check, "fp32", tolerance, min_agreement=1.0)
+    return {
+        "ok": failure is None,
+        "reason": failure,
+        "relative": check["relative_diff"],
+        "agreement": check["top1_agreement"],
+        "seconds": round(time.perf_counter() - start, 1),
+    }
