@@ -88,17 +88,33 @@ def test_latency_tables_are_keyed_by_the_version_of_what_runs_the_backend(monkey
     assert machine_key("executorch", 1, cpu) != pte
 
 
-def test_bench_runtimes_times_every_file_side_by_side_with_its_parity_and_top1(tmp_path):
+@pytest.mark.parametrize(
+    "other",
+    [
+        "openvino",  # IRs run any batch: one file per precision
+        # ExecuTorch's programs run the batch they were exported for: four exports of about 10 s each
+        pytest.param("executorch", marks=pytest.mark.slow),
+    ],
+)
+def test_bench_runtimes_times_every_file_side_by_side_with_its_parity_and_top1(tmp_path, other):
     """bench --runtimes: each runtime's file in each precision, verified and scored on digits, timed
-    interleaved per batch against ONNX Runtime's fp32 file (in a child process: ExecuTorch's and
-    the other runtimes' native libraries stay out of the suite's process)."""
+    interleaved per batch against ONNX Runtime's fp32 file (in a child process: the other runtimes'
+    native libraries stay out of the suite's process)."""
+    import importlib.util
     import json
     import subprocess
     import sys
 
     from effvision.deploy.executorch_export import executorch_missing
 
-    names = "onnxruntime" + ("" if executorch_missing() else ",executorch")
+    def openvino_missing():  # by its spec: the suite's process never loads OpenVINO (tests/test_openvino.py)
+        found = all(importlib.util.find_spec(m) for m in ("openvino", "nncf"))
+        return None if found else "the [openvino] extra is not installed"
+
+    missing = {"executorch": executorch_missing, "openvino": openvino_missing}[other]()
+    if missing:
+        pytest.skip(missing)
+    names = f"onnxruntime,{other}"
     out = tmp_path / "cmp.json"
     cmd = [sys.executable, "-m", "effvision.cli", "bench", "cifar_resnet8", "--runtimes", names, "--data", "digits"]
     cmd += ["--batch", "1,2", "--repeats", "4", "--rounds", "2", "--warmup", "1", "--json", str(out)]
@@ -107,8 +123,10 @@ def test_bench_runtimes_times_every_file_side_by_side_with_its_parity_and_top1(t
     found = json.loads(out.read_text())
     files = {f["target"]: f for f in found["files"]}
     assert {"onnxruntime fp32", "onnxruntime int8"} <= set(files)
-    if "executorch" in names:  # a .pte runs the batch it was exported for: one file per batch
+    if other == "executorch":  # a .pte runs the batch it was exported for: one file per batch
         assert {"executorch fp32 b1", "executorch fp32 b2", "executorch int8 b1"} <= set(files)
+    else:
+        assert {"openvino fp32", "openvino int8"} <= set(files) and files["openvino fp32"]["relative_diff"] < 1e-4
     assert files["onnxruntime fp32"]["relative_diff"] < 1e-4 and 0 <= files["onnxruntime int8"]["top1"] <= 1
     rows = {(r["target"], r["batch"]): r for r in found["results"]}
     for b in (1, 2):

@@ -188,7 +188,8 @@ def stuck_in(trace: str) -> str | None:
 def _why_stopped(folder: Path, timeout_s: float, exitcode) -> tuple[str, str | None]:
     """(reason, where it was stuck) for a child that stopped inside a step: faulthandler's dump
     says "Timeout" when the step's time limit stopped it."""
-    trace = (folder / "trace.txt").read_text()
+    trace_file = folder / "trace.txt"
+    trace = trace_file.read_text() if trace_file.is_file() else ""
     if "Timeout (" in trace:
         where = stuck_in(trace)
         return f"did not finish in {timeout_s:.0f} s" + (f" (stuck in {where})" if where else ""), where
@@ -199,16 +200,12 @@ def run_isolated(
     name: str, size: int, num_classes: int, ratio: float, timeout_s: float, runtimes: list[str] = ()
 ) -> Conformance:
     """run_conformance in a fresh process, so a step that never ends (or crashes the
-    interpreter) becomes a row saying where, not a hung sweep; a runtime that hangs or crashes
-    becomes its cell, the rest of the row kept."""
+    interpreter) becomes a row saying where, not a hung sweep."""
     import multiprocessing as mp
     import tempfile
 
-    from ..fileio import read_json
-
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        args = (name, size, num_classes, ratio, timeout_s, tmp, list(runtimes))
+    with tempfile.TemporaryDirectory() as folder:
+        args = (name, size, num_classes, ratio, timeout_s, folder, list(runtimes))
         proc = mp.get_context("spawn").Process(target=_child, args=args)
         start = time.perf_counter()
         proc.start()
@@ -216,24 +213,31 @@ def run_isolated(
         if proc.is_alive():
             proc.kill()
             proc.join()
-        result_file, step_file = folder / "result.json", folder / "step.txt"
-        step = step_file.read_text() if step_file.is_file() else "create"
-        if result_file.is_file():
-            data = read_json(result_file)
-            data.pop("ok", None)
-            r = Conformance(**data)
-            running = step.removeprefix("runtime ")
-            if step.startswith("runtime ") and running not in r.runtimes:  # it stopped in this runtime
-                reason, _ = _why_stopped(folder, timeout_s, proc.exitcode)
-                r.runtimes[running] = {"ok": False, "reason": reason}
-            r.cause = r.cause or (None if r.ok else "not classified (the rerun without effvision did not finish)")
-            return r
-        seconds = time.perf_counter() - start
-        reason, where = _why_stopped(folder, timeout_s, proc.exitcode)
-        r = Conformance(f"timm:{name}", [3, size, size], failed_step=step, reason=reason, seconds=round(seconds, 1))
-        r.passed = list(STEPS[: STEPS.index(step)])
-        r.cause = f"upstream: {where.split('/')[0]}" if where else "not classified"
+        return child_row(Path(folder), name, size, timeout_s, proc.exitcode, time.perf_counter() - start)
+
+
+def child_row(folder: Path, name: str, size: int, timeout_s: float, exitcode, seconds: float) -> Conformance:
+    """The row a finished or stopped child left in `folder`: its result.json, with the runtime it
+    stopped in (a hang or a crash) as that runtime's cell, the rest of the row kept; without one,
+    a row failed at the step it stopped in."""
+    from ..fileio import read_json
+
+    result_file, step_file = folder / "result.json", folder / "step.txt"
+    step = step_file.read_text() if step_file.is_file() else "create"
+    if result_file.is_file():
+        data = read_json(result_file)
+        data.pop("ok", None)
+        r = Conformance(**data)
+        running = step.removeprefix("runtime ")
+        if step.startswith("runtime ") and running not in r.runtimes:  # it stopped in this runtime
+            r.runtimes[running] = {"ok": False, "reason": _why_stopped(folder, timeout_s, exitcode)[0]}
+        r.cause = r.cause or (None if r.ok else "not classified (the rerun without effvision did not finish)")
         return r
+    reason, where = _why_stopped(folder, timeout_s, exitcode)
+    r = Conformance(f"timm:{name}", [3, size, size], failed_step=step, reason=reason, seconds=round(seconds, 1))
+    r.passed = list(STEPS[: STEPS.index(step)])
+    r.cause = f"upstream: {where.split('/')[0]}" if where else "not classified"
+    return r
 
 
 def run_compat(
