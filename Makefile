@@ -110,7 +110,8 @@ test-each: install
 test-all: install lint
 	EFFVISION_QUIET=1 $(BIN)/python -m pytest --durations=20
 
-# docs/compat.md: timm's efficient families through prune, export and int8 (about 20 min on 2 cores).
+# docs/compat.md: timm's efficient families through prune, export and int8, then as each installed
+# runtime's fp32 file (about 2 hours on 2 cores; --runtimes none: under one).
 zoo-compat: install
 	HF_HUB_OFFLINE=1 EFFVISION_QUIET=1 $(BIN)/effvision zoo compat
 
