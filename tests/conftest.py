@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -96,6 +97,12 @@ try:
 finally:
     assert not any(m.split(".")[0] in ("torch", "effvision") for m in sys.modules)
 """
+
+
+needs_openvino = pytest.mark.skipif(  # by its spec: the suite's process never loads OpenVINO (tests/test_openvino.py)
+    any(importlib.util.find_spec(m) is None for m in ("openvino", "nncf")),
+    reason="OpenVINO and NNCF (the [openvino] extra) are not installed",
+)
 
 
 def run_cli(*args, env: dict | None = None) -> subprocess.CompletedProcess:

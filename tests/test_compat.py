@@ -1,16 +1,13 @@
 """The compatibility table's runtime columns: each other runtime's fp32 file of the pruned model,
 judged as the ONNX file is; a runtime's failure, hang or crash is its own cell, the row kept."""
 
-import importlib.util
 
 import pytest
-from conftest import child_json
+from conftest import child_json, needs_openvino
 
 from effvision.fileio import write_json, write_text
 from effvision.zoo.compat import child_row, to_markdown
 from effvision.zoo.conformance import STEPS, Conformance
-
-needs_openvino = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="OpenVINO is not installed")
 
 # In a child process, as every test that loads OpenVINO (tests/test_openvino.py says why): a tiny
 # network, and one that the ONNX export refuses (so does OpenVINO's, which starts from it), each

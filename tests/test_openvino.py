@@ -8,20 +8,14 @@ machine; the suite's own process never imports them."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
-from conftest import HIDE_TORCH, child_json, one_error_line, run_cli, write_image_folder
+from conftest import HIDE_TORCH, child_json, needs_openvino, one_error_line, run_cli, write_image_folder
 
 from effvision.cli import main
-
-needs_openvino = pytest.mark.skipif(
-    importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None,
-    reason="the [openvino] extra is not installed",
-)
 
 
 @pytest.fixture(scope="module")

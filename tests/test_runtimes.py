@@ -3,6 +3,7 @@ export, bench, predict, evaluation, metadata, a run's reference and its shipped 
 
 import pytest
 import torch
+from conftest import needs_openvino
 
 from effvision.deploy import runtimes
 from effvision.deploy.backends import Backend
@@ -91,7 +92,7 @@ def test_latency_tables_are_keyed_by_the_version_of_what_runs_the_backend(monkey
 @pytest.mark.parametrize(
     "other",
     [
-        "openvino",  # IRs run any batch: one file per precision
+        pytest.param("openvino", marks=needs_openvino),  # IRs run any batch: one file per precision
         # ExecuTorch's programs run the batch they were exported for: four exports of about 10 s each
         pytest.param("executorch", marks=pytest.mark.slow),
     ],
@@ -100,20 +101,14 @@ def test_bench_runtimes_times_every_file_side_by_side_with_its_parity_and_top1(t
     """bench --runtimes: each runtime's file in each precision, verified and scored on digits, timed
     interleaved per batch against ONNX Runtime's fp32 file (in a child process: the other runtimes'
     native libraries stay out of the suite's process)."""
-    import importlib.util
     import json
     import subprocess
     import sys
 
     from effvision.deploy.executorch_export import executorch_missing
 
-    def openvino_missing():  # by its spec: the suite's process never loads OpenVINO (tests/test_openvino.py)
-        found = all(importlib.util.find_spec(m) for m in ("openvino", "nncf"))
-        return None if found else "the [openvino] extra is not installed"
-
-    missing = {"executorch": executorch_missing, "openvino": openvino_missing}[other]()
-    if missing:
-        pytest.skip(missing)
+    if other == "executorch" and executorch_missing():
+        pytest.skip(executorch_missing())
     names = f"onnxruntime,{other}"
     out = tmp_path / "cmp.json"
     cmd = [sys.executable, "-m", "effvision.cli", "bench", "cifar_resnet8", "--runtimes", names, "--data", "digits"]

@@ -14,15 +14,11 @@ import json
 
 import pytest
 import yaml
-from conftest import child_json, one_error_line, run_cli
+from conftest import child_json, needs_openvino, one_error_line, run_cli
 from test_plan import RECIPE
 
 from effvision.deploy.litert_export import converter_python
 
-needs_openvino = pytest.mark.skipif(
-    importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None,
-    reason="OpenVINO and NNCF (the [openvino] extra) are not installed",
-)
 needs_litert = pytest.mark.skipif(
     importlib.util.find_spec("ai_edge_litert") is None or converter_python() is None,
     reason="LiteRT's interpreter ([litert] extra) or its converter (make litert-converter) is not set up",

@@ -108,7 +108,7 @@ def zoo_compat(
     from ..zoo.compat import DEFAULT_MODELS, compat_runtimes, run_compat, runtime_cell, write_compat
 
     names = csv(models) if models else list(DEFAULT_MODELS)
-    others, notes = ([], []) if runtimes == "none" else compat_runtimes(csv(runtimes))
+    others, notes = compat_runtimes(csv(runtimes))
     for note in notes:
         print(note)
     rows = run_compat(names, size=size, prune_ratio=prune_ratio, timeout_s=timeout, progress=track, runtimes=others)

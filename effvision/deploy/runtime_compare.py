@@ -19,9 +19,10 @@ from .runtimes import Runtime, file_runtimes
 BASELINE = ("onnxruntime", "fp32")  # the row every speed-up is against
 
 
-def runtimes_asked(names: list[str]) -> tuple[list[Runtime], list[str]]:
+def runtimes_asked(names: list[str], precision: str = "int8") -> tuple[list[Runtime], list[str]]:
     """The runtimes to compare, and one note per runtime left out. "all": every runtime whose
-    export works here (the others noted: what to install); named ones must all work (one line)."""
+    export in `precision` works here (the others noted: what to install); named ones must all work
+    (one line)."""
     known = {r.name: r for r in file_runtimes()}
     if names == ["all"]:
         chosen, strict = list(known.values()), False
@@ -34,7 +35,7 @@ def runtimes_asked(names: list[str]) -> tuple[list[Runtime], list[str]]:
         raise EffvisionError("the comparison is against ONNX Runtime's fp32 file: include onnxruntime")
     kept, notes = [], []
     for runtime in chosen:
-        reason = EXPORTERS.get(runtime.export_format)().missing("int8")
+        reason = EXPORTERS.get(runtime.export_format)().missing(precision)
         if reason is None:
             kept.append(runtime)
         elif strict:

@@ -264,13 +264,16 @@ def run_compat(
 
 
 def compat_runtimes(names: list[str]) -> tuple[list[str], list[str]]:
-    """The runtimes besides ONNX Runtime that the table gets a column for ("all": every one
-    installed here, the others noted with what to install; named ones must be installed)."""
+    """The runtimes besides ONNX Runtime that the table gets a column for ("all": every one whose
+    fp32 export is installed here, the others noted with what to install; "none": no column; named
+    ones must be installed)."""
     from ..deploy.runtime_compare import BASELINE, runtimes_asked
 
+    if names == ["none"]:
+        return [], []
     if names != ["all"] and BASELINE[0] not in names:
         names = [BASELINE[0], *names]
-    kept, notes = runtimes_asked(names)
+    kept, notes = runtimes_asked(names, precision="fp32")
     return [r.name for r in kept if r.name != BASELINE[0]], notes
 
 
