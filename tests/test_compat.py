@@ -1,7 +1,6 @@
 """The compatibility table's runtime columns: each other runtime's fp32 file of the pruned model,
 judged as the ONNX file is; a runtime's failure, hang or crash is its own cell, the row kept."""
 
-
 import pytest
 from conftest import child_json, needs_openvino
 
