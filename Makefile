@@ -14,7 +14,7 @@ PIP_FILTER := grep -v "^WARNING: Location '" || true
 help:
 	@echo "make demo   - install into $(VENV) (if needed) and run the default pipeline on embedded data"
 	@echo "make test   - install into $(VENV) (if needed), check formatting and lint, run the test suite"
-	@echo "make lint   - ruff: formatting check and lint (configured in pyproject.toml)"
+	@echo "make lint   - ruff (formatting and lint, configured in pyproject.toml) and the house rules (tests/contract.py: no import cycles, imports down the layers, short functions and files)"
 	@echo "make format - ruff: rewrite files to the house format and apply safe lint fixes"
 	@echo "make docs   - build the documentation site into site/ (strict: a warning fails it); make test runs it"
 	@echo "make readme-check - run every README.md command in order on a fresh clone of HEAD (21 min on 2 cores)"
@@ -77,6 +77,7 @@ demo: install
 lint: install
 	$(BIN)/ruff format --check --diff .
 	$(BIN)/ruff check .
+	$(BIN)/python tests/contract.py effvision
 
 format: install
 	$(BIN)/ruff format .
@@ -168,7 +169,7 @@ bench-speed: install
 R18_RUN := runs/resnet18_cifar10
 bench-cpu: install
 	@test -f $(R18_RUN)/stages/2-finetune/model.pt || $(BIN)/effvision train compress/resnet18_cifar10.yaml --set data.root=../shared/datasets --run-dir $(R18_RUN)
-	EFFVISION_QUIET=1 $(BIN)/python -m effvision.deploy.suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test \
+	EFFVISION_QUIET=1 $(BIN)/python -m effvision.studies.deploy_suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test \
 	  --weights resnet18=$(R18_RUN)/stages/2-finetune/model.pt
 
 # Int8 that pays and keeps its accuracy (BENCHMARKS.md): every demo recipe with its reference row and

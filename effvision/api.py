@@ -78,6 +78,7 @@ def compress(
     from .models import build
     from .models.caller import adopt
     from .pipeline import CallerInputs, run_pipeline
+    from .run_data import recipe_decides
     from .stages import validate_recipe
 
     if not isinstance(model, nn.Module):
@@ -92,6 +93,7 @@ def compress(
     raw["model"] = {"name": spec["name"]}
     typed = validate_recipe(raw, str(recipe) if recipe else "<effvision.compress>")
     typed._source = str(recipe) if recipe else None
+    data = data.with_decision_split(recipe_decides(typed))
     if any(s.type == "prune" for s in typed.stages):
         _check_prunable(build(spec), data)
     run_dir = Path(run_dir or Path("runs") / typed.name)
@@ -180,7 +182,7 @@ def _init_fingerprint(run_dir: Path) -> Optional[str]:
 
 
 def _result(run_dir: Path, report: dict, before: Optional[str]) -> CompressResult:
-    from .deploy.runtimes import shipped_artifact, shipped_record
+    from .runtimes import shipped_artifact, shipped_record
 
     records = [read_json(run_dir / "stages" / r["stage_dir"] / "metrics.json") for r in report["stages"]]
     shipped = (shipped_artifact(shipped_record(records)["artifacts"]) or (None, None))[1]

@@ -9,7 +9,7 @@ import sys
 from importlib import metadata
 
 
-def _version(pkg: str) -> str | None:
+def package_version(pkg: str) -> str | None:
     try:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
@@ -78,19 +78,19 @@ def collect_env() -> dict:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
-        "effvision": _version("effvision"),
+        "effvision": package_version("effvision"),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "torch": torch.__version__,
-        "torchvision": _version("torchvision"),
-        "timm": _version("timm"),
-        "onnx": _version("onnx"),
-        "onnxruntime": _version("onnxruntime"),
-        "torch_pruning": _version("torch-pruning"),
-        "openvino": _version("openvino"),  # the optional runtimes: None where not installed
-        "nncf": _version("nncf"),
-        "litert": _version("ai-edge-litert"),
-        "executorch": _version("executorch"),
+        "torchvision": package_version("torchvision"),
+        "timm": package_version("timm"),
+        "onnx": package_version("onnx"),
+        "onnxruntime": package_version("onnxruntime"),
+        "torch_pruning": package_version("torch-pruning"),
+        "openvino": package_version("openvino"),  # the optional runtimes: None where not installed
+        "nncf": package_version("nncf"),
+        "litert": package_version("ai-edge-litert"),
+        "executorch": package_version("executorch"),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -272,7 +272,7 @@ def run_bench(args, extra: list[str]) -> int:
     print(install_wheels(wheel_dir=Path(args.wheels)), flush=True)
     check("bench", args.device)
     try:
-        from .deploy.suite import main as suite_main
+        from .studies.deploy_suite import main as suite_main
     except Exception as exc:  # noqa: BLE001  (a library built for another torch raises anything)
         raise SystemExit(f"effvision: cannot load the suite: {one_line(exc)}") from None
 

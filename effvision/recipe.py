@@ -7,12 +7,13 @@ import difflib
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from . import yamlio
 from .errors import EffvisionError
+from .goals import Goal, goal_of
 from .paths import find_file
 from .registry import STAGES
 
@@ -36,6 +37,16 @@ class DataConfig(Strict):
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes (0: in the main process)")
     on_bad_sample: Literal["skip", "fail"] = Field(
         "skip", description="an unreadable file: skip it (counted in the report) or stop with its name"
+    )
+    holdout: Optional[Union[int, float]] = Field(
+        None,
+        ge=0,
+        description="training samples held out for decisions (a count, or a fraction < 1), stratified and fixed by "
+        "holdout_seed, cut before selection and max_train_samples; no stage trains on them. Default: 10% (at most "
+        "5000) where a stage decides, none where the recipe only trains; 0: none (a stage that decides then stops)",
+    )
+    holdout_seed: int = Field(
+        0, description="the seed of the decision split's draw (not the run's seed: it stays fixed)"
     )
     max_train_samples: Optional[int] = Field(None, gt=0, description="stratified subset, for short runs")
     max_val_samples: Optional[int] = Field(None, gt=0, description="stratified subset of the validation split")
@@ -63,6 +74,10 @@ class StageConfig(Strict):
     def recipe_problem(self, recipe: Recipe) -> Optional[str]:
         """What is wrong with this stage in `recipe` that the stage alone cannot see (None: nothing)."""
         return None
+
+    def decides(self, recipe: Recipe) -> bool:
+        """Whether it makes a choice in `recipe` that is scored on the decision split (data.holdout)."""
+        return False
 
 
 class TargetConfig(Strict):
@@ -109,9 +124,9 @@ class TargetConfig(Strict):
         return self
 
     @property
-    def floor_only(self) -> bool:
-        """No speed asked: the fastest file within max_drop."""
-        return self.speedup is None and self.latency_ms is None
+    def goal(self) -> Goal:
+        """What it asks of speed (goals.py): a speed-up, a latency, or the fastest file within max_drop."""
+        return goal_of(self)
 
 
 class Recipe(Strict):
@@ -129,6 +144,7 @@ class Recipe(Strict):
         default_factory=dict, description="named sets of key.path: value overrides (--preset NAME)"
     )
     _source: Optional[str] = PrivateAttr(None)  # the file it came from, for run folders and errors
+    _decided_by: Optional[str] = PrivateAttr(None)  # a caller that chooses among runs by their scores (a search)
 
 
 # ----------------------------------------------------------------------------- overrides

@@ -31,6 +31,33 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("dataset.source_bytes_per_sample", "points: mean bytes per file"),
             ("dataset.points_per_sample", "points: what the sampler keeps"),
             ("dataset.bytes_per_sample", "points: bytes of what the sampler keeps"),
+            (
+                "dataset.decision",
+                "the decision split: training samples held out at load time (`data.holdout`, before selection and "
+                "`max_train_samples`), never trained on; every choice of the run is scored on it and nothing "
+                "else, the validation split being read only for the figures (null: none held out)",
+            ),
+            ("dataset.decision.n", "samples held out"),
+            ("dataset.decision.of", "the whole training split's size"),
+            ("dataset.decision.seed", "`data.holdout_seed`: the draw is fixed by it, not by the run's seed"),
+            ("dataset.decision.stratified", "drawn per class"),
+            (
+                "dataset.decision.sha256",
+                "of the held-out indices: the same slice is recognised (a zoo card records it)",
+            ),
+            (
+                "dataset.decision.starting_model",
+                "whether the starting zoo card has seen these images: it held out this slice, another one, or "
+                "none (trained on the whole training split: decisions are then optimistic)",
+            ),
+            (
+                "decision",
+                "the shipped file's top-1 on the decision split, what a search chooses trials by (null: no split)",
+            ),
+            ("decision.stage", "the stage whose file ships"),
+            ("decision.top1", "its top-1 on the decision split, in its runtime"),
+            ("decision.reference_top1", "the uncompressed model's there, as an fp32 file of the same runtime"),
+            ("decision.split", "the split, as dataset.decision describes it"),
             ("stages", "one row per stage, in order (the sections below)"),
             ("artifacts", "the last file of each kind the stages wrote, relative to the run folder"),
             ("artifacts.checkpoint", "a `model.pt`"),
@@ -143,11 +170,12 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [
             (
                 "stages[].plan",
-                "the plan: `goal_speedup`, `max_drop`, `backend`, `batch`, `scored_on` (the held-out images), "
+                "the plan: `goal_speedup`, `goal` (as it reads: a speed-up, a latency, the fastest file within the "
+                "floor), `max_drop`, `backend`, `batch`, `scored_on` (the decision split), "
                 "`reference` (`size`, `p50_ms`, `top1`), `levers` (each `lever`, `precision`, `size`, `p50_ms`, "
                 "`speedup`, `top1`, `cost`, `file`; the kept one `kept: true`), `kept`, `why`, `remainder` (the "
-                "speed-up left to pruning; 1: none), `prune`, `int8` (the int8 search's decisions on ONNX Runtime; "
-                "on OpenVINO or LiteRT the runtime's own `tool`), `method`, "
+                "speed-up left to pruning; 1: none), `prune`, `int8` (how the one int8 maker made the lever: its "
+                "`tool`, `shipped`, `decision`, `float_nodes`, `speed_groups`, `accuracy_search`), `method`, "
                 "`calibration`, `score_samples`, `timed`",
             ),
         ],
@@ -163,7 +191,7 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
                 "aiming at a target: the search's record: `target_ms`, `start` and `final` (`ms`, `speedup`), "
                 "`steps`, the chosen `widths` per layer group, `groups`, `channel_multiple`, `narrowest`, "
                 "`latency_model`; after a plan stage also `precision` (what candidates were timed as), `remainder` "
-                "and `floor` (top-1 and drop on the plan's held-out images, `held`); `met_by_plan` when the plan's "
+                "and `floor` (top-1 and drop on the plan's decision images, `held`); `met_by_plan` when the plan's "
                 "levers met the target and nothing was pruned",
             ),
             (
@@ -195,10 +223,16 @@ REPORT_FIELDS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("stages[].backend", "`qat`: the runtime the int8 file was checked in"),
             (
                 "stages[].tool",
-                "`quantize` on an OpenVINO IR or a LiteRT file: the runtime's own int8 tool (NNCF, the LiteRT "
-                "tools), which quantizes the whole graph",
+                "`quantize`: the runtime's own int8 tool (ONNX Runtime's quantize_static with effvision's node "
+                "search; NNCF and the LiteRT tools, which quantize the whole graph)",
             ),
             ("stages[].fp32_onnx_bytes", "size of the fp32 ONNX file"),
+            ("stages[].fp32_bytes", "`quantize`: size of the fp32 file entering it (with the files beside it)"),
+            (
+                "stages[].decided_on",
+                "`quantize`: the data its accuracy decisions (the floor, node reverts, int8 or fp32) were scored on: "
+                "the decision split",
+            ),
             ("stages[].int8_onnx_bytes", "`qat`: size of the int8 ONNX file"),
             ("stages[].shipped", "`int8`, or `fp32` when int8 did not pay or could not keep its accuracy"),
             ("stages[].decision", "the one line that says why"),

@@ -12,7 +12,8 @@ from pydantic import create_model
 
 from .compression import plan as _plan  # noqa: F401  (registers plan)
 from .compression import qat_stage as _qat  # noqa: F401  (registers qat)
-from .compression import stages as _compress  # noqa: F401  (registers select, prune, distill, quantize)
+from .compression import quantize_stage as _quantize  # noqa: F401  (registers quantize)
+from .compression import stages as _compress  # noqa: F401  (registers select, prune, distill)
 from .deploy import stages as _deploy  # noqa: F401  (registers export, evaluate, bench)
 from .recipe import load_recipe, validate_recipe
 from .registry import STAGES

@@ -13,7 +13,7 @@ from effvision.zoo.conformance import STEPS, Conformance
 # through the conformance run with OpenVINO as the other runtime.
 _BOTH = """
 import json, tempfile, torch
-from effvision.deploy.runtimes import runtime_named
+from effvision.runtimes import runtime_named
 from effvision.registry import MODELS
 from effvision.zoo.conformance import run_conformance
 

@@ -5,14 +5,13 @@ import onnx
 import pytest
 import torch
 
-from effvision.compression import quantize_onnx
-from effvision.compression.quantize import cpu_has_vnni
 from effvision.data import load_dataset
 from effvision.deploy import export_onnx
-from effvision.deploy.runtime import onnx_predictor
 from effvision.errors import EffvisionError
 from effvision.models import create_model
 from effvision.recipe import DataConfig
+from effvision.runtimes.onnx_files import onnx_predictor
+from effvision.runtimes.onnx_int8 import cpu_has_vnni, quantize_onnx
 from effvision.train import TrainSettings, fit
 
 
@@ -51,7 +50,7 @@ def _int8_weights(path) -> tuple[int, int]:
 
 
 def test_reduce_range_stores_7_bit_weights_and_auto_follows_the_cpu(trained, tmp_path):
-    from effvision.compression.quantize import resolve_reduce_range
+    from effvision.runtimes.onnx_int8 import resolve_reduce_range
 
     data, fp32 = trained
     assert isinstance(cpu_has_vnni(), bool) and resolve_reduce_range("auto") == (not cpu_has_vnni())

@@ -15,14 +15,14 @@ from torch import nn
 from effvision.cli import main
 from effvision.deploy import bench_model, benchmark, cpu_ceiling, export_verified
 from effvision.deploy.backends import check_pair, supported_pairs
-from effvision.deploy.executorch_export import executorch_missing
-from effvision.deploy.onnx_export import export_onnx, failing_operator
 from effvision.deploy.results import write_results
 from effvision.deploy.roofline import Roofline, copy_bandwidth, matmul_peak
 from effvision.deploy.torch_precision import input_dtype, math_mode, prepare_model
 from effvision.device import PeakMemory, Timer, resolve_device
 from effvision.errors import EffvisionError
 from effvision.models import create_model
+from effvision.runtimes.executorch import executorch_missing
+from effvision.runtimes.onnx_files import export_onnx, failing_operator
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 needs_executorch = pytest.mark.skipif(executorch_missing() is not None, reason=str(executorch_missing()))
@@ -288,7 +288,7 @@ def test_onnx_exports_are_verified_and_figures_saved_beside(tmp_path, trained):
         assert_parity(saved, trained.spread, *PARITY[precision])
     sizes = {p: (tmp_path / f"m.{p}.onnx").stat().st_size for p in ("fp32", "fp16", "int8")}
     assert sizes["int8"] < sizes["fp16"] < sizes["fp32"]
-    from effvision.deploy.runtime import onnx_precision
+    from effvision.runtimes.onnx_files import onnx_precision
 
     assert [onnx_precision(tmp_path / f"m.{p}.onnx") for p in ("fp32", "fp16", "int8")] == ["fp32", "fp16", "int8"]
 
@@ -299,7 +299,7 @@ def test_executorch_exports_run_and_agree(tmp_path, net):
     # a fixed-batch program, checked for agreement and benchmarked
     _, fixed = export_verified(net, "executorch", "fp32", tmp_path / "b4.pte", SHAPE, loader(), loader(seed=1), batch=4)
     assert fixed["max_abs_diff"] < 1e-3 and fixed["top1_agreement"] == 1.0 and fixed["samples"] == 48
-    from effvision.deploy.executorch_export import pte_input_shape
+    from effvision.runtimes.executorch import pte_input_shape
 
     assert pte_input_shape(tmp_path / "b4.pte") == [4, *SHAPE]
     rows = benchmark(tmp_path / "b4.pte", SHAPE, "executorch", "fp32", (4,), "cpu", warmup=1, repeats=3)
@@ -626,7 +626,7 @@ def test_cli_bench_bad_pair_and_plots(tmp_path, capsys):
 def test_suite_runs_records_failures_and_budget(tmp_path, monkeypatch):
     from conftest import write_image_folder
 
-    from effvision.deploy import suite
+    from effvision.studies import deploy_suite as suite
 
     monkeypatch.setitem(
         suite.SUITES,
@@ -673,7 +673,7 @@ def test_suite_verifies_int8_at_the_size_a_checkpoint_was_trained_for(tmp_path, 
     from PIL import Image
 
     from effvision.deploy.results import parity_table
-    from effvision.deploy.suite import native_agreement
+    from effvision.studies.deploy_suite import native_agreement
 
     # 30 real digits at 64 px in class folders: the check must bring them to the 32 px and the
     # normalisation (the digits card's) the checkpoint was trained with
@@ -730,8 +730,11 @@ def test_onnxruntime_cuda_refuses_a_session_that_fell_back_to_the_cpu(tmp_path, 
     """ONNX Runtime starts a session on the CPU, with only a warning, when the CUDA provider cannot
     start: such a row would time the CPU under a CUDA label. Here the provider is made to look
     installed and the session starts on the CPU, as it would there."""
-    import effvision.deploy.runtime as runtime
-    from effvision.deploy.backends import BackendUnavailable, BenchOptions, OnnxRuntimeCuda, backend
+    import effvision.runtimes.onnx_files as runtime
+    from effvision.deploy.backends import BackendUnavailable, BenchOptions, backend
+    from effvision.registry import BACKENDS
+
+    OnnxRuntimeCuda = BACKENDS.get("onnxruntime-cuda")
 
     path = export_onnx(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), tmp_path / "m.onnx", [3, 2, 2])
     monkeypatch.setattr(OnnxRuntimeCuda, "missing", classmethod(lambda cls: None))
@@ -790,7 +793,7 @@ def test_interleaved_timing_is_fair_to_both_targets():
 
 
 def test_compare_times_files_side_by_side_on_one_backend(tmp_path, monkeypatch):
-    from effvision.deploy import runtime
+    import effvision.runtimes.onnx_files as runtime
     from effvision.deploy.bench import benchmark, compare
 
     spinning_seen, session = [], runtime.ort_session
@@ -827,7 +830,7 @@ def test_compare_times_files_side_by_side_on_one_backend(tmp_path, monkeypatch):
 def test_parity_is_judged_relative_to_the_logits_and_by_top1(trained):
     """One judgement for the export stage and the compatibility sweep: the exact file passes; a
     file 1e-3 off in relative terms, or one that swaps two classes' logits, fails and says why."""
-    from effvision.deploy.exporters import parity, parity_failure
+    from effvision.deploy.verify import parity, parity_failure
 
     def predictor(change):
         return lambda x: change(trained.model(torch.from_numpy(x)).detach().numpy())

@@ -15,7 +15,7 @@ import yaml
 from conftest import INT8_ALWAYS, tiny_recipe
 from forked_cli import forked_cli
 
-from effvision.deploy.executorch_export import executorch_missing
+from effvision.runtimes.executorch import executorch_missing
 
 RECIPE = tiny_recipe(
     name="modes",

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from effvision.deploy.cells import Clock, Predictor
-from effvision.deploy.suite import SUITES, run_suite
 from effvision.gpu_plan import COMMANDS, GPU_MACHINE, WHEELS
+from effvision.studies.deploy_suite import SUITES, run_suite
+from effvision.studies.suite_cells import Clock, Predictor
 
 REPO = Path(__file__).resolve().parents[1]
 HIDER = Path(__file__).parent / "gpu_machine"

@@ -15,10 +15,12 @@ import pytest
 import torch
 from torch import nn
 
-from effvision.compression.int8_search import Timing, drop_slow_groups, search_int8
-from effvision.compression.quantize import Int8Builder
 from effvision.deploy import backends, export_onnx
-from effvision.deploy.runtime import onnx_predictor
+from effvision.int8 import Floor, Int8Settings, Timing, make_int8
+from effvision.int8.node_search import drop_slow_groups
+from effvision.runtimes import runtime_named
+from effvision.runtimes.onnx_files import onnx_predictor
+from effvision.runtimes.onnx_int8 import Int8Builder
 
 SHAPE = [3, 8, 8]
 PLANT = 1000.0
@@ -62,7 +64,15 @@ def _files(tmp_path, plant: bool):
     def top1(path) -> float:
         return float((onnx_predictor(path)(samples).argmax(1) == labels).mean())
 
-    return fp32, builder, samples, top1
+    return fp32, builder, samples, top1, calib
+
+
+def _made(healthy_or_planted, dst, timing=None, require_faster=False, max_drop=MAX_DROP):
+    """The one int8 maker on ONNX Runtime over the test's file, scored by its top1."""
+    fp32, _, _, top1, calib = healthy_or_planted
+    settings = Int8Settings(method="minmax", speed_aware=False, require_faster=require_faster, rank_samples=64)
+    floor = None if max_drop is None else Floor(max_drop)
+    return make_int8(runtime_named("onnxruntime"), fp32, dst, calib, settings, top1, floor, timing)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +90,7 @@ def _planted_node(builder: Int8Builder) -> str:
 def test_one_reader_calibrates_two_passes_alike(healthy, tmp_path):
     """The builder's calibration reader rewinds: a second quantizer pass reads every sample again
     and writes the same file (a reader that cannot rewind leaves the second pass no samples)."""
-    _, builder, _, _ = healthy
+    _, builder, _, _, _ = healthy
     reader = builder.reader
     reader.rewind()
     first = [reader.get_next() for _ in range(65)]
@@ -107,9 +117,10 @@ def test_a_builder_named_by_relative_paths_works(healthy, tmp_path, monkeypatch)
 
 
 def test_sensitivity_ranking_reverts_the_planted_layer(tmp_path):
-    fp32, builder, samples, top1 = _files(tmp_path, plant=True)
+    planted_files = _files(tmp_path, plant=True)
+    fp32, builder, samples, top1, _ = planted_files
     planted = _planted_node(builder)
-    result = search_int8(builder, fp32, tmp_path / "model.onnx", None, False, False, MAX_DROP, top1, samples[:64])
+    result = _made(planted_files, tmp_path / "model.onnx")
     search = result.accuracy_search
     assert search["int8_accuracy"] < 0.8  # the plant breaks plain int8
     assert search["ranking"][0]["layer"] == planted and search["ranking"][0]["decision"] == "reverted"
@@ -123,14 +134,13 @@ def test_sensitivity_ranking_reverts_the_planted_layer(tmp_path):
 
 
 def test_accuracy_search_leaves_a_healthy_model_alone(healthy, tmp_path):
-    fp32, builder, samples, top1 = healthy
-    result = search_int8(builder, fp32, tmp_path / "model.onnx", None, False, False, MAX_DROP, top1, samples[:64])
+    result = _made(healthy, tmp_path / "model.onnx")
     assert result.accuracy_search["met"] and result.accuracy_search["ranking"] == [] and not result.float_nodes
 
 
 def _slow_runs(monkeypatch, is_slow):
     """Every ONNX Runtime session whose file is_slow(path) sleeps 3 ms per run."""
-    load = backends.OnnxRuntime.load
+    load = backends.FileBackend.load
 
     def slowed(self, path, shape, opts):
         loaded = load(self, path, shape, opts)
@@ -139,17 +149,16 @@ def _slow_runs(monkeypatch, is_slow):
             loaded.run = lambda x: (time.sleep(0.003), run(x))[1]
         return loaded
 
-    monkeypatch.setattr(backends.OnnxRuntime, "load", slowed)
+    monkeypatch.setattr(backends.FileBackend, "load", slowed)
 
 
 @pytest.mark.parametrize("slow", ["int8", "fp32"])
 def test_require_faster_ships_the_faster_file(slow, healthy, tmp_path, monkeypatch):
-    from effvision.deploy.runtime import onnx_precision
+    from effvision.runtimes.onnx_files import onnx_precision
 
-    fp32, builder, samples, top1 = healthy
     _slow_runs(monkeypatch, lambda path: onnx_precision(path) == slow)
     timing = Timing(SHAPE, [1, 4], warmup=1, repeats=8, rounds=4)
-    result = search_int8(builder, fp32, tmp_path / "model.onnx", timing, False, True, None, top1, samples)
+    result = _made(healthy, tmp_path / "model.onnx", timing, require_faster=True, max_drop=None)
     check = result.speed_check
     assert result.shipped == ("fp32" if slow == "int8" else "int8")
     assert onnx_precision(result.path) == result.shipped
@@ -161,7 +170,7 @@ def test_require_faster_ships_the_faster_file(slow, healthy, tmp_path, monkeypat
 
 
 def test_a_group_measured_slower_in_int8_stays_float(healthy, tmp_path, monkeypatch):
-    fp32, builder, samples, _ = healthy
+    fp32, builder, samples, _, _ = healthy
 
     def classifier_in_int8(path) -> bool:
         graph = onnx.load(str(path)).graph

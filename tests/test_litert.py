@@ -17,7 +17,7 @@ import pytest
 from conftest import HIDE_TORCH, child_json, one_error_line, run_cli, write_image_folder
 
 from effvision.cli import main
-from effvision.deploy.litert_export import converter_python
+from effvision.runtimes.litert import converter_python
 
 needs_litert = pytest.mark.skipif(
     importlib.util.find_spec("ai_edge_litert") is None or converter_python() is None,
@@ -62,7 +62,7 @@ def test_a_tflite_file_is_verified_against_pytorch_and_carries_its_metadata(digi
     assert int8["top1_agreement"] >= 0.9 and int8["accuracy"] >= fp32["accuracy"] - 0.05, (int8, fp32)
     read = child_json(
         "import json; from effvision.deploy.metadata import read_metadata; "
-        "from effvision.deploy.runtimes import runtime_of_path; "
+        "from effvision.runtimes import runtime_of_path; "
         f"d = {str(digits_files)!r}; r = runtime_of_path('m.tflite'); "
         "print(json.dumps({'meta': read_metadata(d + '/m.tflite'), 'q': read_metadata(d + '/q.tflite'), "
         "'precisions': [r.precision(d + '/m.tflite'), r.precision(d + '/q.tflite')], "

@@ -201,7 +201,7 @@ def test_prune_layer_overrides_by_name_and_regex():
 def test_conformance_parity_fails_on_an_export_that_is_off(tmp_path, monkeypatch):
     """The parity step can fail: an ONNX file whose logits are off by 1% of their scale (far
     above rounding, far below a wrong operator) is FAIL with its figures, on real photographs."""
-    from effvision.deploy import runtime
+    import effvision.runtimes.onnx_files as runtime
 
     plain = runtime.run_session
     monkeypatch.setattr(runtime, "run_session", lambda s, x: plain(s, x) * 1.01)

@@ -44,7 +44,7 @@ def test_an_ir_is_verified_against_pytorch_and_carries_its_metadata(digits_files
     assert int8["top1_agreement"] >= 0.9
     read = child_json(
         "import json; from effvision.deploy.metadata import read_metadata; "
-        "from effvision.deploy.runtimes import runtime_of_path; "
+        "from effvision.runtimes import runtime_of_path; "
         f"d = {str(digits_files)!r}; r = runtime_of_path('m.xml'); "
         "print(json.dumps({'meta': read_metadata(d + '/m.xml'), 'q': read_metadata(d + '/q.xml'), "
         "'precisions': [r.precision(d + '/m.xml'), r.precision(d + '/q.xml')], "
@@ -81,7 +81,7 @@ def test_predict_and_the_ir_bundle_agree_with_predict_on_the_onnx_file(digits_fi
 def test_onnx_and_openvino_files_are_timed_side_by_side(digits_files):
     rows = child_json(
         "import json; from effvision.deploy.bench import compare; "
-        "from effvision.deploy.runtimes import runtime_of_path; "
+        "from effvision.runtimes import runtime_of_path; "
         f"d = {str(digits_files)!r}; shape = runtime_of_path('m.onnx').input_shape(d + '/m.onnx')[1:]; "
         "rows = compare({'m.xml': (d + '/m.xml', 'fp32'), 'q.xml': (d + '/q.xml', 'int8')}, shape, "
         "'openvino-cpu', [1, 4], 'cpu', warmup=2, repeats=8, rounds=2); "

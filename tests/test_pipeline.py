@@ -60,6 +60,7 @@ def test_report_has_documented_fields(tiny_run):
         "val_size": 120,
         "num_classes": 10,
         "bad_samples": 0,
+        "decision": None,  # no stage of the tiny recipe decides: nothing held out
     }
     for s in report["stages"]:
         assert REPORT_STAGE_FIELDS <= set(s), s["name"]
@@ -106,7 +107,7 @@ def test_reference_row_and_headline_on_one_backend(tiny_run):
     # which data path each training stage took, and how fast it trained
     assert st["baseline"]["data"]["path"] == "batched, in memory" and st["baseline"]["data"]["train_samples_per_s"] > 0
     assert "Training data: baseline batched, in memory, " in md and "distill batched, in memory" in md
-    from effvision.report import pareto_points
+    from effvision.report_plots import pareto_points
 
     pts = {p["name"]: p for p in pareto_points(report)}  # latencies from onnxruntime-cpu only
     assert pts["reference"]["latency"] == ref["latency_ms"]["p50"] and pts["export"]["latency"] is not None
@@ -136,7 +137,7 @@ def test_report_md_and_html_show_every_stage(tiny_run):
 
 
 def test_pareto_front_marks_the_undominated_stages():
-    from effvision.report import pareto_points
+    from effvision.report_plots import pareto_points
 
     report = {
         "stages": [

@@ -215,8 +215,8 @@ TINY = {
 
 
 def test_sampling_inside_the_network_refuses_export_and_says_why(tmp_path):
-    from effvision.deploy.onnx_export import export_onnx
     from effvision.models.builder import create_model
+    from effvision.runtimes.onnx_files import export_onnx
 
     model = create_model(
         "pointnet2_ssg", num_classes=3, input_size=[3, 128], **{**TINY["pointnet2_ssg"], "centroids": "fps"}
@@ -232,7 +232,7 @@ def _int8_against_fp32(fp32: Path, int8: Path, loader) -> tuple[float, float]:
     relative error of its logits' variation from sample to sample (each class's mean over the
     samples removed): 0 when int8 follows fp32 exactly, 1 when its output ignores the input (zeroed
     weights, ranges from garbage calibration), 1 or more for an unrelated model."""
-    from effvision.deploy.runtime import onnx_predictor
+    from effvision.runtimes.onnx_files import onnx_predictor
 
     f, q = onnx_predictor(fp32), onnx_predictor(int8)
     a, b = (np.concatenate([p(x) for x, *_ in loader]) for p in (f, q))

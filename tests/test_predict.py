@@ -17,8 +17,8 @@ from PIL import Image
 
 import effvision
 from effvision.cli import main
-from effvision.deploy.executorch_export import executorch_missing
 from effvision.models import model_card
+from effvision.runtimes.executorch import executorch_missing
 
 CIFAR_IMAGES = SHARED / "testdata/images/cifar10_test"
 CARD = "speednet_32.cifar10"
@@ -243,7 +243,7 @@ def test_the_bundle_runs_without_torch_and_agrees_with_predict(cifar_exports, tm
 def test_every_runtime_and_its_bundle_predicts_the_real_images_as_the_onnx_file_does(cifar_exports, tmp_path):
     """`effvision predict` on an OpenVINO IR and a LiteRT file, and their bundles' predict.py without
     torch, give each of the 300 real images the top-1 class predict gives it on the ONNX file."""
-    from effvision.deploy.litert_export import converter_python
+    from effvision.runtimes.litert import converter_python
 
     files, _ = cifar_exports
     formats = {"openvino": ".xml", "litert": ".tflite"}

@@ -77,7 +77,7 @@ def test_card_names_the_imagenet_sample_in_pytorch_and_its_onnx_file(tmp_path):
     """The card's weights and preprocessing are ImageNet's: >= 20 of the 25 sample photographs
     (22 measured), in PyTorch and through the exported fp32 ONNX file alike."""
     from effvision.deploy import export_onnx
-    from effvision.deploy.runtime import ort_session, run_session
+    from effvision.runtimes.onnx_files import ort_session, run_session
 
     x, labels = _imagenet_sample()
     assert len(labels) == 25
@@ -263,7 +263,7 @@ def test_the_finetune_example_runs_on_an_image_folder(tmp_path):
 def test_a_recipe_on_a_pretrained_card_feeds_the_data_as_the_weights_expect(tmp_path):
     """The card's mean, std and interpolation replace the dataset card's wherever the recipe's data
     is read (training, evaluation, calibration, export); the size stays the recipe's."""
-    from effvision.pipeline import recipe_data
+    from effvision.run_data import recipe_data
     from effvision.stages import validate_recipe
 
     raw = {"name": "r", "data": {"name": "digits", "image_size": 24}, "model": {"name": LITE0}, "stages": []}

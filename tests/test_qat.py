@@ -14,8 +14,8 @@ from torch import nn
 
 from effvision.cli import main
 from effvision.compression.qat import prepare_qat
-from effvision.deploy.runtime import onnx_predictor
 from effvision.errors import EffvisionError
+from effvision.runtimes.onnx_files import onnx_predictor
 
 SHAPE = [3, 16, 16]
 

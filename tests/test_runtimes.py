@@ -5,8 +5,8 @@ import pytest
 import torch
 from conftest import needs_openvino
 
-from effvision.deploy import runtimes
-from effvision.deploy.backends import Backend
+from effvision import runtimes
+from effvision.deploy.bench import default_backend
 from effvision.errors import EffvisionError
 from effvision.registry import BACKENDS, RUNTIMES
 
@@ -14,8 +14,9 @@ from effvision.registry import BACKENDS, RUNTIMES
 def test_every_backend_runs_the_files_of_one_runtime_and_is_listed_there():
     """A backend no runtime lists would be skipped by the bench stage without a word."""
     for name in BACKENDS.names():
-        runtime = runtimes.runtime_taking(BACKENDS.get(name).takes)
-        assert name in runtime.backends(), (name, runtime.name)
+        runtime = runtimes.runtime_of_backend(name)
+        assert BACKENDS.get(name).takes == runtime.takes, (name, runtime.name)
+        assert BACKENDS.get(name).supports == runtimes.target_of(name).supports
     for name in RUNTIMES.names():
         runtime = runtimes.runtime_named(name)
         assert runtime.backends()[0] == runtime.default_backend
@@ -27,11 +28,11 @@ def test_a_file_is_run_by_its_suffix_and_anything_else_is_a_torch_model():
     assert runtimes.runtime_of_path("m.pte").name == "executorch"
     assert runtimes.runtime_of_path("runs/x/model.pt").name == "torch"
     assert runtimes.runtime_of_path("tf_efficientnet_lite0.cifar10").kind == "model"
-    assert runtimes.runtime_of_kind("onnx").backend_for(torch.device("cpu")) == "onnxruntime-cpu"
+    assert runtimes.runtime_of_kind("onnx").backend_for("cpu") == "onnxruntime-cpu"
     with pytest.raises(EffvisionError, match="does not run an ONNX file.*onnxruntime-cpu"):
         runtimes.runtime_of_path("m.onnx").check_backend("executorch")
     with pytest.raises(EffvisionError, match="expected a file"):
-        runtimes.default_backend_of("model.pt")
+        default_backend("model.pt")
 
 
 def test_the_shipped_file_is_the_last_exported_one_else_the_last_model():
@@ -47,40 +48,37 @@ def test_the_shipped_file_is_the_last_exported_one_else_the_last_model():
     assert runtimes.shipped_artifact({"model": "d.pt"}) == ("model", "d.pt")
 
 
-class _FakeBackend(Backend):
-    takes = ".fake"
-    supports = {"cpu": ("fp32",)}
-
-
 class _FakeRuntime(runtimes.Runtime):
-    kind, suffix, export_format, default_backend = "fake", ".fake", None, "fake-cpu"
-    describes, label, rank = "a fake file", "fake file", 0
+    kind, suffix, format, describes, label, rank = "fake", ".fake", None, "a fake file", "fake file", 0
+    batch_rule = "fixed"
+    targets = (runtimes.Target("fake-cpu", {"cpu": ("fp32",)}),)
 
 
 @pytest.fixture
 def fake_runtime(monkeypatch):
-    """A runtime and its backend added as one entry each, as a new runtime is."""
-    monkeypatch.setitem(BACKENDS._entries, "fake-cpu", _FakeBackend)
+    """A runtime added as one entry, as a new runtime is."""
     monkeypatch.setitem(RUNTIMES._entries, "fake", _FakeRuntime)
+    monkeypatch.setattr(runtimes, "_made", {})
 
 
 def test_a_new_runtime_is_one_entry_that_every_reader_sees(fake_runtime):
     assert runtimes.runtime_of_path("m.fake").name == "fake"
-    assert runtimes.default_backend_of("m.fake") == "fake-cpu"
+    assert default_backend("m.fake") == "fake-cpu"
+    assert runtimes.runtime_of_backend("fake-cpu").name == "fake"
     assert "fake" in runtimes.artifact_kinds() and "fake" in runtimes.file_kinds()
     records = [{"name": "export", "artifacts": {"fake": "m.fake"}}, {"name": "distill", "artifacts": {"model": "d.pt"}}]
     assert runtimes.shipped_record(records)["name"] == "export"
-    from effvision.deploy.bench import batch_groups
-
-    assert batch_groups(".fake", [1, 8]) == [(1, 8)]
+    fake = runtimes.runtime_named("fake")
+    assert fake.batch_groups([1, 8]) == [(1,), (8,)] and fake.file_name("fp32", 8) == "model.fp32.b8.fake"
+    assert runtimes.runtime_named("onnxruntime").batch_groups([1, 8]) == [(1, 8)]
 
 
 def test_latency_tables_are_keyed_by_the_version_of_what_runs_the_backend(monkeypatch):
     """Tables timed under one onnxruntime (or ExecuTorch) are not reused under another."""
     from effvision.compression.latency import machine_key
-    from effvision.deploy.backends import Executorch, OnnxRuntime
 
     cpu = torch.device("cpu")
+    OnnxRuntime, Executorch = BACKENDS.get("onnxruntime-cpu"), BACKENDS.get("executorch")
     ort, pte = machine_key("onnxruntime-cpu", 1, cpu), machine_key("executorch", 1, cpu)
     monkeypatch.setattr(OnnxRuntime, "versions", classmethod(lambda cls: ["0.0.1"]))
     assert machine_key("onnxruntime-cpu", 1, cpu) != ort
@@ -105,7 +103,7 @@ def test_bench_runtimes_times_every_file_side_by_side_with_its_parity_and_top1(t
     import subprocess
     import sys
 
-    from effvision.deploy.executorch_export import executorch_missing
+    from effvision.runtimes.executorch import executorch_missing
 
     if other == "executorch" and executorch_missing():
         pytest.skip(executorch_missing())

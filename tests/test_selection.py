@@ -288,8 +288,9 @@ def _recipe(tmp_path, **select_over):
 
 def test_select_stage_trains_later_stages_on_the_subset_and_resumes(tmp_path):
     from effvision.fileio import read_json
-    from effvision.pipeline import RunContext, run_pipeline
+    from effvision.pipeline import run_pipeline
     from effvision.recipe import load_recipe
+    from effvision.run_context import RunContext
 
     recipe = load_recipe(str(_recipe(tmp_path)))
     report = run_pipeline(recipe, tmp_path / "run")

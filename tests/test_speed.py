@@ -17,7 +17,7 @@ from effvision.errors import EffvisionError
 from effvision.models import create_model
 from effvision.recipe import DataConfig, RecipeError, load_recipe
 from effvision.train import TrainSettings, fit
-from effvision.train.loop import check_tricks, make_optimizer, make_schedule
+from effvision.train.parts import check_tricks, make_optimizer, make_schedule
 from effvision.train.whiten import whiten_first_conv, whitening_filters
 
 CPU = torch.device("cpu")
@@ -179,7 +179,7 @@ def test_images_too_large_for_memory_batch_from_a_decoded_cache_on_disk(tmp_path
 
 
 def test_batched_data_is_the_default_where_the_data_allows(digits, tmp_path):
-    from effvision.train.loop import data_path, train_batches
+    from effvision.train.parts import data_path, train_batches
 
     assert data_path(train_batches(digits, TrainSettings(), CPU, 0, 0, 1)) == "batched, in memory"
     assert data_path(train_batches(digits, TrainSettings(tensor_data=False), CPU, 0, 0, 1)) == (
@@ -372,7 +372,7 @@ def test_compiled_training_times_compilation_apart(digits):
     """torch.compile (a C++ compiler and about a minute on 2 cores): the warm-up that compiles
     every image size leaves weights, statistics and gradients as they were, and its seconds are
     counted apart from training."""
-    from effvision.train.loop import warm_compiled
+    from effvision.train.parts import warm_compiled
 
     model = create_model("cifar_resnet8", width=0.5)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -264,7 +264,7 @@ def test_tf_same_padding_layers_are_timed_as_they_run():
     import numpy as np
 
     from effvision.compression.latency import layer_module, layer_onnx
-    from effvision.deploy.runtime import ort_session
+    from effvision.runtimes.onnx_files import ort_session
 
     model = create_model("timm:tf_efficientnet_lite0", num_classes=10, input_size=[3, 64, 64]).eval()
     outputs = {}

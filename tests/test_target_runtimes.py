@@ -17,7 +17,7 @@ import yaml
 from conftest import child_json, needs_openvino, one_error_line, run_cli
 from test_plan import RECIPE
 
-from effvision.deploy.litert_export import converter_python
+from effvision.runtimes.litert import converter_python
 
 needs_litert = pytest.mark.skipif(
     importlib.util.find_spec("ai_edge_litert") is None or converter_python() is None,
@@ -72,11 +72,12 @@ def test_latency_tables_time_each_layer_as_the_backends_own_file(tmp_path):
     rows = child_json(
         "import json, torch; from pathlib import Path; "
         "from effvision.compression.latency import _input_shape, find_layers, layer_targets; "
+        "from effvision.runtimes import runtime_named; "
         "from effvision.deploy.backends import BenchOptions, backend; "
         "from effvision.deploy.bench import measure; "
         "from effvision.models import load_model; "
         "layers = find_layers(load_model('cifar_resnet8', random_weights=True), [3, 32, 32])[:3]; "
-        f"files = layer_targets(layers, '.xml', Path({str(tmp_path)!r})); "
+        f"files = layer_targets(layers, runtime_named('openvino'), Path({str(tmp_path)!r})); "
         "inst = backend('openvino-cpu'); "
         "shapes = [_input_shape(l) for l in layers]; "
         "p50 = [measure(inst.load(str(f), s, BenchOptions()), 1, torch.device('cpu'), 2, 5)['p50'] "
@@ -92,7 +93,7 @@ def test_a_model_the_litert_converter_refuses_is_one_line_and_writes_nothing(tmp
     # litert-torch lowers 1-D FFTs only: a 2-D one is refused by the converter itself, not by torch.export
     out = child_json(
         "import json, torch; from pathlib import Path; "
-        "from effvision.deploy.litert_export import export_tflite; from effvision.errors import EffvisionError\n"
+        "from effvision.runtimes.litert import export_tflite; from effvision.errors import EffvisionError\n"
         "class Spectrum(torch.nn.Module):\n"
         "    def forward(self, x):\n"
         "        return torch.fft.rfft2(x).abs().flatten(1)[:, :10]\n"
@@ -125,13 +126,13 @@ def test_nncf_accuracy_control_puts_back_in_float_what_int8_loses():
     out = child_json(
         "import json, tempfile, torch; from pathlib import Path; "
         "from effvision.data import load_dataset; from effvision.models import load_model; "
-        "from effvision.deploy import evaluate; from effvision.deploy.exporters import get_exporter; "
-        "from effvision.deploy.openvino_export import ir_precision; "
+        "from effvision.deploy import evaluate; from effvision.runtimes import runtime_named; "
+        "from effvision.runtimes.openvino import ir_precision; "
         "torch.manual_seed(0); tmp = Path(tempfile.mkdtemp()); val = list(load_dataset('digits').val_loader()); "
-        "ov = get_exporter('openvino', 'int8'); "
+        "ov = runtime_named('openvino'); "
         "fp32 = ov.export(load_model('cifar_resnet8_100.digits').eval(), tmp / 'f.xml', [3, 32, 32], 'fp32', ()); "
         "calib = [(torch.rand(32, 3, 32, 32) * 0.05, None) for _ in range(4)]; "
-        "plain = ov.quantize_file(fp32, tmp / 'q.xml', calib); "
+        "plain = ov.quantize(fp32, tmp / 'q.xml', calib); "
         "ctl = ov.quantize_within(fp32, tmp / 'c.xml', calib, val, 0.01); "
         "print(json.dumps({'fp32': evaluate(fp32, val), 'plain': evaluate(plain, val), "
         "'ctl': evaluate(ctl, val), 'precision': ir_precision(ctl)}))"

@@ -6,7 +6,7 @@ from effvision.models import create_model
 from effvision.recipe import DataConfig
 from effvision.train import TrainSettings, fit
 from effvision.train.config import LogitDistillSettings
-from effvision.train.loop import distill_loss, make_schedule
+from effvision.train.parts import distill_loss, make_schedule
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +251,7 @@ def test_onecycle_survives_a_handful_of_steps(epochs, steps):
 def test_head_learns_at_its_own_rate_through_the_schedule(schedule):
     """head_lr_scale: the classifier's groups run at that multiple of the body's rate at every step
     of either schedule; the body's groups are as before."""
-    from effvision.train.loop import make_optimizer
+    from effvision.train.parts import make_optimizer
 
     m = create_model("cifar_resnet8", width=0.25)
     s = TrainSettings(epochs=2, lr=0.1, head_lr_scale=10, schedule=schedule, warmup_epochs=0.5)

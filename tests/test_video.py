@@ -315,7 +315,7 @@ def _int8_against_fp32(fp32, int8, loader) -> tuple[float, float]:
     relative error of its logits' variation from sample to sample (each class's mean over the
     samples removed): 0 when int8 follows fp32 exactly, 1 when its output ignores the input (zeroed
     weights, ranges from garbage calibration), 1 or more for an unrelated model."""
-    from effvision.deploy.runtime import onnx_predictor
+    from effvision.runtimes.onnx_files import onnx_predictor
 
     f, q = onnx_predictor(fp32), onnx_predictor(int8)
     a, b = (np.concatenate([p(x.numpy()) for x, *_ in loader]) for p in (f, q))
@@ -343,10 +343,9 @@ def test_video_model_quantizes_to_int8(name, tmp_path, monkeypatch):
     """Contract, pruning and ONNX parity of every video model run in test_models (parametrized
     over the registry and the zoo); here the exported clip model also goes through int8, leaving
     nothing in the working directory."""
-    from effvision.compression.quantize import quantize_onnx
-    from effvision.deploy.onnx_export import export_onnx
-    from effvision.deploy.runtime import onnx_predictor
     from effvision.models import create_model
+    from effvision.runtimes.onnx_files import export_onnx, onnx_predictor
+    from effvision.runtimes.onnx_int8 import quantize_onnx
 
     cwd = tmp_path / "cwd"
     cwd.mkdir()

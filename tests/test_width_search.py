@@ -4,7 +4,6 @@ taken is the most accurate that measures within the goal."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,7 +17,6 @@ from effvision.compression.width_search import (
     choose_widths,
     layers_at,
     score_candidates,
-    scoring_indices,
 )
 from effvision.data import DataConfig, load_dataset
 from effvision.models import create_model
@@ -77,13 +75,6 @@ def test_candidates_meet_the_goal_and_are_no_narrower_than_it_needs(multiple, re
     assert layers_at(groups, current, planned) == {n: (float(a), float(b)) for n, (a, b) in layer_widths(half).items()}
 
 
-def test_scoring_images_are_not_the_batchnorm_images_on_a_large_split():
-    picked = scoring_indices(5000, 2048)
-    first = set(np.random.default_rng(0).permutation(5000)[:1024].tolist())  # recalibrate_batchnorm's
-    assert len(picked) == 2048 and not first & set(picked)
-    assert len(scoring_indices(400, 2048)) == 400  # a small split: all of it
-
-
 def test_relaxed_candidates_are_flagged_by_their_prediction():
     model, groups, original, current, lat, goal = _resnet8_at_60_percent()
     found = candidates_around(groups, original, current, lat, goal, 16, 10, slack=0.15)
@@ -119,7 +110,7 @@ def test_the_most_accurate_candidate_measured_within_the_goal_is_taken():
 def test_candidates_are_scored_by_accuracy_on_training_images():
     """The zoo's digits ResNet-8: every group at its floor against one group a quarter thinner.
     The second scores higher, and it is the more accurate on the validation split too (the
-    scores are taken on training images)."""
+    scores are taken on the images given: training images here)."""
     torch.manual_seed(0)
     data = load_dataset(DataConfig(name="digits", max_train_samples=600, max_val_samples=300))
     model = create_model("cifar_resnet8_100.digits", pretrained="zoo").eval()
@@ -128,7 +119,7 @@ def test_candidates_are_scored_by_accuracy_on_training_images():
     mild = {g.root: g.width for g in groups}
     mild[groups[-1].root] = groups[-1].width * 3 // 4
     cands = [{"kind": "grid", "widths": floor}, {"kind": "grid", "widths": mild}]
-    score_candidates(model, groups, cands, data, CPU, 600)
+    score_candidates(model, groups, cands, data, CPU, data.train_eval_loader())
     assert cands[1]["top1"] > cands[0]["top1"] + 0.2, cands
 
     def val_top1(widths):

@@ -4,6 +4,8 @@
   pydantic models of effvision.recipe and of every registered stage type;
 - reference/cli.md: every command and option of the typer app;
 - reference/report.md: the report.json fields (effvision.report_fields);
+- reference/architecture.md: the package's layers (tests/contract.py), each module's first docstring
+  line, the imports between layers and the table of runtimes (effvision.runtimes);
 - benchmarks.md: BENCHMARKS.md from the repository's root, its image links made relative to docs/.
 
 Every key, command and field gets an anchor (`#prune-ratio`, `#effvision-search-show`,
@@ -20,7 +22,13 @@ import typing
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ("reference/recipe.md", "reference/cli.md", "reference/report.md", "benchmarks.md")
+GENERATED = (
+    "reference/recipe.md",
+    "reference/cli.md",
+    "reference/report.md",
+    "reference/architecture.md",
+    "benchmarks.md",
+)
 
 
 # ---------------------------------------------------------------------------------------------- recipe
@@ -270,11 +278,86 @@ def benchmarks_page() -> str:
     return re.sub(r"\]\(docs/", "](", text)
 
 
+# ---------------------------------------------------------------------------------------------- architecture
+
+
+def _first_line(path: Path) -> str:
+    import ast
+
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return _cell(doc.split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip("."))
+
+
+def architecture_page() -> str:
+    """The package's rooms from the code itself: the layers the import contract holds, every
+    module with the first sentence of its docstring, what each layer imports, and the runtimes."""
+    import sys
+    from collections import Counter
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from contract import LAYERS, imports, layer_of, modules
+
+    package = ROOT / "effvision"
+    known = modules(package)
+    lines = [
+        "# Architecture",
+        "",
+        "Generated from the code at every build: the layers below are the import contract `make lint` holds "
+        "(`tests/contract.py`: a module imports its own layer and those below it, never one above; no import "
+        "cycles, counting imports inside functions; no private names across modules; functions of at most 80 "
+        "lines and files of at most 500). A run flows down them: the command line and the Python API call the "
+        "pipeline, which runs the stages; compression stages make their int8 through the one int8 maker, which "
+        "times files with the benchmark harness; deploy verifies, evaluates and benchmarks files; every file is "
+        "written, opened and quantized by its runtime object.",
+        "",
+        "**Where a change goes.** A new runtime: one module in `effvision/runtimes/` with a `Runtime` subclass "
+        "registered in `RUNTIMES` (export, int8, open, batch rule, metadata); its benchmark backends follow from its "
+        "targets. A new lever of the target plan: `effvision/compression/plan.py` (`make_levers`), scored on the "
+        "decision split by `compression/decisions.py`. A new kind of goal: a class in `effvision/goals.py`. A new "
+        "stage: a config and a handler registered with `register_stage`, in the layer of what it uses.",
+        "",
+        "## Layers, top to bottom",
+        "",
+    ]
+    edges: Counter = Counter()
+    for name, file in known.items():
+        for target, _, _ in imports(name, file, known):
+            if target != name and layer_of(target) != layer_of(name):
+                edges[(layer_of(name), layer_of(target))] += 1
+    for i, layer in enumerate(LAYERS):
+        below = sorted({j for (a, j) in edges if a == i})
+        uses = "; ".join(f"{', '.join(LAYERS[j])} ({edges[(i, j)]})" for j in below) or "nothing of the package"
+        lines += [f"### {i + 1}. {', '.join(layer)}", "", f"Imports: {uses}.", "", "| module | what it is for |"]
+        lines += ["|---|---|"]
+        for name, file in known.items():
+            parts = name.split(".")
+            top = parts[1] if len(parts) > 1 else "__init__"
+            if top in layer:
+                lines.append(f"| `{name}` | {_first_line(file)} |")
+        lines.append("")
+    lines += _runtime_table()
+    return "\n".join(lines) + "\n"
+
+
+def _runtime_table() -> list[str]:
+    from effvision.runtimes import all_runtimes
+
+    rows = ["## Runtimes", "", "| runtime | files | export format | backends | batch | int8 by | keeps nodes float |"]
+    rows.append("|---|---|---|---|---|---|---|")
+    for r in all_runtimes():
+        rows.append(
+            f"| {r.name} | {r.suffix or 'torch model'} | {r.format or '-'} | {', '.join(r.backends())} | "
+            f"{r.batch_rule} | {_cell(r.int8_tool or '-')} | {'yes' if r.keeps_float else 'no'} |"
+        )
+    return rows + [""]
+
+
 def page(uri: str) -> str:
     return {
         "reference/recipe.md": recipe_reference,
         "reference/cli.md": cli_reference,
         "reference/report.md": report_reference,
+        "reference/architecture.md": architecture_page,
         "benchmarks.md": benchmarks_page,
     }[uri]()
 

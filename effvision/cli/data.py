@@ -77,7 +77,7 @@ def data_compress(
     from ..data.compression import Levels, compress_dataset
     from ..fileio import write_json
     from ..progress import track
-    from ..report import fmt_bytes
+    from ..report_text import fmt_bytes
 
     lv = Levels(
         max_size=max_size,
@@ -131,7 +131,7 @@ def data_prepare(
     """Write a public dataset in the layout its card reads: for cifar10, DIR/cifar10-jpeg-train.zip
     and DIR/cifar10-jpeg-test.zip (ImageFolder zips), from torchvision's archive."""
     from ..data.images.prepare_cifar10 import prepare_cifar10
-    from ..report import fmt_bytes
+    from ..report_text import fmt_bytes
 
     if dataset not in PREPARABLE:
         raise EffvisionError(f"cannot prepare '{dataset}' (choices: {', '.join(PREPARABLE)})")

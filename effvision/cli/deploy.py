@@ -101,13 +101,12 @@ def export(
     from ..compression.selection import calibration_indices
     from ..data.selectors import CalibrationConfig
     from ..deploy import evaluate
-    from ..deploy.exporters import export_verified, get_exporter, parity_path
     from ..deploy.metadata import for_artifact, write_metadata
-    from ..deploy.runtimes import runtime_of_path
+    from ..deploy.verify import export_verified, parity_path, writer
     from ..fileio import write_json
 
-    exporter = get_exporter(format, precision)  # unknown format or precision: one line, before any work
-    if bundle_dir is not None and runtime_of_path(f"model{exporter.suffix}").bundle_package is None:
+    runtime = writer(format, precision)  # unknown format or precision, or not installed: one line, before any work
+    if bundle_dir is not None and runtime.bundle_package is None:
         raise EffvisionError(
             "--bundle holds an ONNX file, an OpenVINO IR or a LiteRT file (its predict.py runs without torch): "
             "use --format onnx, openvino or litert"
@@ -116,7 +115,7 @@ def export(
 
     net = load_model(model, random_weights)
     bundle = _export_data(net, data, data_root)
-    out_file = out_file or Path("model" + exporter.suffix)
+    out_file = out_file or Path("model" + runtime.suffix)
     # The quantize stage's calibration path: class-balanced training samples, eval transforms.
     calib = bundle.train_eval_loader(
         calibration_indices(bundle, CalibrationConfig(n=calibration_samples), net, torch.device("cpu")), batch_size=32
@@ -196,15 +195,9 @@ def bench(
     precision and batch size, with warm-up and repeats. A model is exported first for backends
     that run files (int8 calibrated on random inputs: for speed, not accuracy). With --runtimes:
     which runtime ships the model fastest, side by side."""
-    from ..deploy.backends import check_pair
-    from ..deploy.bench import bench_model, benchmark, settle_shares
-    from ..deploy.results import write_results
+    from ..deploy.bench import settle_shares
     from ..deploy.roofline import Roofline
-    from ..deploy.runtimes import runtime_of_path
     from ..device import resolve_device
-    from ..env import collect_env
-    from ..fileio import write_json
-    from ..models import count_macs, input_shape
 
     dev = resolve_device(device)
     batches = csv(batch, int)
@@ -223,7 +216,6 @@ def bench(
             out_dir,
             dict(warmup=warmup, repeats=repeats, rounds=rounds, threads=threads),
         )
-    precisions = csv(precision) if precision else None
     rf = Roofline(dev) if roofline else None
     kw = dict(
         batches=batches,
@@ -235,30 +227,51 @@ def bench(
         threads=threads,
         roofline=rf,
     )
-    files = runtime_of_path(artifact)
-    if files.suffix is not None:
-        if not Path(artifact).is_file():
-            raise EffvisionError(f"file not found: {artifact}")
-        backends = [files.check_backend(b) for b in csv(backend)] if backend else [files.default_backend]
-        precisions = precisions or [files.precision(artifact)]
-        program = files.input_shape(artifact)
-        shape = program[1:]
-        if program[0]:  # a file with a fixed batch (a .pte program) runs the one size it was exported for
-            kw["batches"] = [program[0]]
-        rows = []
-        for b in backends:
-            for p in precisions:
-                check_pair(b, p, dev)
-                rows += benchmark(artifact, shape, b, p, **kw)
-    else:
-        net = _bench_model(artifact)
-        shape = csv(input_size, int) if input_size else input_shape(net)
-        backends = csv(backend) if backend else ["torch-eager", "onnxruntime-cpu"]
-        pairs = [(b, p) for b in backends for p in (precisions or ["fp32"])]
-        rows = bench_model(net, shape, pairs, macs=count_macs(net, shape), **kw)
+    precisions = csv(precision) if precision else None
+    rows, shape = _bench_artifact(artifact, csv(backend) if backend else None, precisions, input_size, kw)
     rows = settle_shares(rows, rf)
     _print_bench(f"bench: {artifact} on {dev}", rows)
-    meta = {"artifact": artifact, "input_shape": shape, "roofline": rf.summary() if rf else None, "env": collect_env()}
+    _write_bench(artifact, shape, rows, rf, json_file, out_dir)
+
+
+def _bench_artifact(artifact: str, backends, precisions, input_size, kw: dict) -> tuple[list[dict], list[int]]:
+    """(rows, input shape): a file on its runtime's backends in its own precision, or a model
+    (exported first for the backends that run files)."""
+    from ..deploy.backends import check_pair
+    from ..deploy.bench import bench_model, benchmark
+    from ..models import count_macs, input_shape
+    from ..runtimes import runtime_of_path
+
+    files = runtime_of_path(artifact)
+    if files.suffix is None:
+        net = _bench_model(artifact)
+        shape = csv(input_size, int) if input_size else input_shape(net)
+        pairs = [(b, p) for b in backends or ["torch-eager", "onnxruntime-cpu"] for p in (precisions or ["fp32"])]
+        return bench_model(net, shape, pairs, macs=count_macs(net, shape), **kw), shape
+    if not Path(artifact).is_file():
+        raise EffvisionError(f"file not found: {artifact}")
+    backends = [files.check_backend(b) for b in backends] if backends else [files.default_backend]
+    shape = files.input_shape(artifact)[1:]
+    kw = {**kw, "batches": files.file_batches(artifact, kw["batches"])}
+    rows = []
+    for b in backends:
+        for p in precisions or [files.precision(artifact)]:
+            check_pair(b, p, kw["device"])
+            rows += benchmark(artifact, shape, b, p, **kw)
+    return rows, shape
+
+
+def _write_bench(artifact: str, shape: list[int], rows: list[dict], roofline, json_file, out_dir) -> None:
+    from ..deploy.results import write_results
+    from ..env import collect_env
+    from ..fileio import write_json
+
+    meta = {
+        "artifact": artifact,
+        "input_shape": shape,
+        "roofline": roofline.summary() if roofline else None,
+        "env": collect_env(),
+    }
     if json_file:
         write_json(json_file, {**meta, "results": rows})
     if out_dir:
@@ -278,9 +291,9 @@ def _bench_runtimes(
     from ..data.selectors import CalibrationConfig
     from ..deploy.results import write_results
     from ..deploy.runtime_compare import compare_runtimes, runtimes_asked
-    from ..deploy.runtimes import runtime_of_path
     from ..env import collect_env
     from ..fileio import write_json
+    from ..runtimes import runtime_of_path
 
     if runtime_of_path(artifact).suffix is not None:
         raise EffvisionError("--runtimes compares one model across runtimes: give a checkpoint or a model name")

@@ -12,7 +12,7 @@ from .common import ARGV, out, set_option, table
 
 
 def _print_report(report: dict, run_dir: Path) -> None:
-    from ..report import headline_lines, table_rows
+    from ..report_text import headline_lines, table_rows
 
     head, rows = table_rows(report)
     table(f"effvision: {report['recipe']}", head, rows)

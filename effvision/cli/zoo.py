@@ -23,7 +23,7 @@ def zoo_list(
     without params/MACs is built and measured)."""
     from ..models import build, count_macs, count_params, resolve
     from ..models.zoo import list_cards
-    from ..report import fmt_num
+    from ..report_text import fmt_num
 
     if modality not in (None, "image", "video", "points"):
         raise EffvisionError(f"unknown modality '{modality}' (choices: image, video, points)")

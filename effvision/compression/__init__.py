@@ -1,6 +1,6 @@
-"""Compression: structured pruning, distillation (a task of the one training loop), int8 quantization."""
+"""Compression: structured pruning, distillation (a task of the one training loop), the target plan
+and the int8 stages (int8 itself is made by effvision/int8 in any runtime's file)."""
 
 from .prune import prune
-from .quantize import quantize_onnx
 
-__all__ = ["prune", "quantize_onnx"]
+__all__ = ["prune"]

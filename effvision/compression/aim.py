@@ -19,9 +19,9 @@ from ..recipe import TargetConfig
 
 def target_device(backend: str, device: torch.device) -> torch.device:
     """The device a backend runs on: the run's, when the backend runs there, else its own."""
-    from ..deploy.backends import BACKENDS  # (the backends register on that module's import)
+    from ..runtimes import target_of
 
-    supports = BACKENDS.get(backend).supports
+    supports = target_of(backend).supports
     if device.type in supports:
         return device
     return torch.device(next(iter(supports)))
@@ -32,18 +32,14 @@ def check_target(target: TargetConfig | None, device: torch.device) -> None:
     if target is None:
         return
     from ..deploy.backends import check_pair
-    from ..registry import BACKENDS
+    from ..runtimes import runtime_of_backend
 
     try:
-        BACKENDS.get(target.backend)
+        runtime = runtime_of_backend(target.backend)
     except ValueError as exc:
         raise EffvisionError(f"target.backend: {exc}") from None
     check_pair(target.backend, "fp32", target_device(target.backend, device))
-    from ..deploy.runtimes import runtime_taking
-    from ..registry import EXPORTERS
-
-    runtime = runtime_taking(BACKENDS.get(target.backend).takes)
-    reason = runtime.export_format and EXPORTERS.get(runtime.export_format)().missing("fp32")
+    reason = runtime.suffix and runtime.missing("export")
     if reason:  # candidates are exported there (LiteRT's converter lives in an environment of its own)
         raise EffvisionError(f"target.backend {target.backend}: {reason}")
 
@@ -74,15 +70,16 @@ class Aim:
         self._ref = self._artifact(self.reference, "reference", self.reference_shape)
 
     def _artifact(self, model: nn.Module, name: str, shape: list[int] | None = None):
-        from ..deploy.backends import backend
-        from ..deploy.exporters import export_for_backend
+        from ..runtimes import runtime_of_backend
 
-        takes = backend(self.target.backend).takes
-        if takes == "model":
+        runtime = runtime_of_backend(self.target.backend)
+        if runtime.suffix is None:
             return model
         work = Path(self._work.name) / name
         work.mkdir(parents=True, exist_ok=True)
-        path = export_for_backend(model, takes, "fp32", work, shape or self.shape, batch=self.target.batch)[0]
+        path = runtime.export(
+            model, work / runtime.file_name("fp32", self.target.batch), shape or self.shape, batch=self.target.batch
+        )
         return path if self.ship is None or name == "reference" else self.ship(path)
 
     def prepared(self, model: nn.Module):
@@ -129,18 +126,11 @@ class Aim:
 
     def goal_ms(self, margin: float = 0.0) -> float:
         """The target on the first reference measurement's scale (an absolute latency_ms as is),
-        `margin` faster than asked."""
-        if self.target.floor_only:
-            return self.fastest_ms
-        goal = self.target.latency_ms or self.first_reference_ms / self.target.speedup
-        return goal / (1 + margin)
+        `margin` faster than asked (goals.py)."""
+        return self.target.goal.goal_ms(self.first_reference_ms, self.fastest_ms, margin)
 
     def met(self, m: dict) -> bool:
-        if self.target.floor_only:  # no speed asked
-            return True
-        if self.target.latency_ms is not None:
-            return m["ms"] <= self.target.latency_ms
-        return m["speedup"] >= self.target.speedup
+        return self.target.goal.met(m["ms"], m["speedup"])
 
     def close(self) -> None:
         self._work.cleanup()

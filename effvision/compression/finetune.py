@@ -82,17 +82,14 @@ def finetune(ctx, model, teacher, s: FinetuneSettings, epochs: int, label: str, 
 
 def better_statistics(ctx, model, samples: int = 2000) -> dict:
     """After a distillation, the batch-norm statistics it ended with or recomputed ones, whichever
-    scores better on training images the run holds out: recomputing fits the pruned widths, but
-    after a long distillation the running averages already have, and recomputing them lost 0.4-0.5
-    points of the loop's last evaluation on the fine-tuned Lite0."""
-    from ..scoring import accuracy, torch_predictor
-
-    held_out, where = ctx.data.held_out_loader(samples, ctx.seed + 1)
-    device = next(model.parameters()).device
-    trained = accuracy(torch_predictor(model.eval(), device), held_out)
+    scores better on the decision split: recomputing fits the pruned widths, but after a long
+    distillation the running averages already have, and recomputing them lost 0.4-0.5 points of the
+    loop's last evaluation on the fine-tuned Lite0."""
+    trained = ctx.decisions.score_model(model, samples, ctx.seed + 1)
     kept = {k: v.clone() for k, v in model.state_dict().items() if k.endswith(("running_mean", "running_var"))}
     recalibrate_batchnorm(model, ctx.data)
-    recomputed = accuracy(torch_predictor(model, device), held_out)
+    recomputed = ctx.decisions.score_model(model, samples, ctx.seed + 1)
+    where = ctx.decisions.where(samples)
     if trained > recomputed:
         model.load_state_dict(kept, strict=False)
     return {

@@ -224,19 +224,15 @@ def _input_shape(layer: Layer) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- tables
-def layer_targets(layers: list[Layer], takes: str, folder: Path) -> list:
-    """What a backend taking `takes` times for each layer: the module, or its file in that backend's
-    format (written from the layer's ONNX file, or by the format's exporter from the module)."""
-    if takes == "model":
+def layer_targets(layers: list[Layer], runtime, folder: Path) -> list:
+    """What a backend of `runtime` times for each layer: the module, or its file in that runtime
+    (written from the layer's ONNX file, or by the runtime's export from the module)."""
+    if runtime.suffix is None:
         return [layer_module(layer) for layer in layers]
-    from ..deploy.runtimes import runtime_taking
-    from ..registry import EXPORTERS
-
     folder.mkdir(parents=True, exist_ok=True)
     onnx = [layer_onnx(layer, folder / f"{i}.onnx") for i, layer in enumerate(layers)]
-    exporter = EXPORTERS.get(runtime_taking(takes).export_format)()
     items = [(layer_module(layer), list(_input_shape(layer)), path) for layer, path in zip(layers, onnx, strict=True)]
-    return exporter.export_layers(items, folder)
+    return runtime.export_layers(items, folder)
 
 
 def machine_key(backend: str, batch: int, device: torch.device) -> str:
@@ -309,7 +305,7 @@ class LatencyTables:
         with tempfile.TemporaryDirectory() as tmp:
             for start in range(0, len(items), 64):  # a few dozen sessions open at a time
                 chunk = items[start : start + 64]
-                targets = layer_targets([layer for _, layer in chunk], inst.takes, Path(tmp) / str(start))
+                targets = layer_targets([layer for _, layer in chunk], inst.runtime, Path(tmp) / str(start))
                 loaded = {
                     key: inst.load(target, _input_shape(layer), opts)
                     for (key, layer), target in zip(chunk, targets, strict=True)

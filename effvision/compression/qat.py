@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..deploy.onnx_export import describe_export_failure, refuse_unexportable
 from ..errors import EffvisionError
+from ..runtimes.onnx_files import describe_export_failure, refuse_unexportable
 
 WEIGHT_RANGE = (-127, 127)
 WEIGHT_RANGE_REDUCED = (-64, 64)
@@ -166,7 +166,7 @@ class QatModel(nn.Module):
         from torchao.quantization.pt2e import allow_exported_model_train_eval
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-        from ..deploy.onnx_export import export_onnx
+        from ..runtimes.onnx_files import export_onnx
 
         self.train(False)
         converted = convert_pt2e(self.prepared)

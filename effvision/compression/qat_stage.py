@@ -11,14 +11,14 @@ from pydantic import Field
 
 from ..data.selectors import CalibrationConfig
 from ..errors import EffvisionError
+from ..int8 import ship_or_fp32
 from ..progress import log
 from ..recipe import StageConfig
+from ..runtimes.onnx_int8 import resolve_reduce_range
 from ..stage import StageResult, register_stage
 from ..train.config import LogitDistillSettings, TrainSettings
 from ..train.loop import fit
-from .int8_search import BACKEND, faster_than_fp32
-from .quantize import resolve_reduce_range
-from .stages import SpeedCheckSettings, speed_timing
+from .speed_check import SpeedCheckSettings, speed_timing
 
 UNSUPPORTED = ("compile", "channels_last", "ema", "whiten", "progressive_sizes")
 
@@ -48,9 +48,7 @@ class QatConfig(SpeedCheckSettings, TrainSettings, LogitDistillSettings, StageCo
 def run_qat(ctx, cfg: QatConfig) -> StageResult:
     """Fine-tune with simulated int8 (torchao PT2E: ranges from calibration, distillation from the
     float model), export the int8 QDQ ONNX file, and check it against the simulation."""
-    from ..deploy.onnx_export import export_onnx
-    from ..deploy.runtime import onnx_predictor
-    from ..scoring import outputs, torch_predictor
+    from ..runtimes.onnx_files import export_onnx
     from .qat import prepare_qat
 
     used = [k for k in UNSUPPORTED if getattr(cfg, k)]
@@ -88,27 +86,10 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
             raise
         raise EffvisionError(f"qat: training diverged (NaN activations) at lr {cfg.lr}; try a lower lr") from None
     qat.cpu()
-    simulated, labels = outputs(torch_predictor(qat), val)  # before export: converting changes qat
-    int8 = qat.export_onnx(example, ctx.stage_dir / "int8.onnx")
-    in_file, _ = outputs(onnx_predictor(int8), val)
-    agreement = float((simulated.argmax(1) == in_file.argmax(1)).mean())
-    parity = {
-        "agreement": agreement,
-        "samples": len(labels),
-        "min_agreement": cfg.min_agreement,
-        "met": agreement >= cfg.min_agreement,
-        "simulated_accuracy": float((simulated.argmax(1) == labels).mean()),
-        "onnx_accuracy": float((in_file.argmax(1) == labels).mean()),
-    }
-    log(
-        f"  qat parity: the int8 file agrees with the simulated model on {agreement:.2%} of "
-        f"{len(labels)} validation samples{'' if parity['met'] else f' (below {cfg.min_agreement:.0%})'}"
-    )
-    shipped, why, speed_check = int8, f"int8 (QAT, {'7' if reduce_range else '8'}-bit weights)", None
-    if cfg.require_faster:
-        check = faster_than_fp32(fp32, int8, speed_timing(ctx, cfg))
-        speed_check = check.record
-        shipped, why = (int8, f"{why}, {check.why}") if check.faster else (fp32, check.why)
+    int8, parity = _exported_and_checked(qat, example, ctx.stage_dir / "int8.onnx", val, cfg.min_agreement)
+    timing = speed_timing(ctx, cfg) if cfg.require_faster else None
+    made = f"int8 (QAT, {'7' if reduce_range else '8'}-bit weights)"
+    shipped, why, speed_check = ship_or_fp32(fp32, int8, made, True, cfg.require_faster, timing)
     decision = f"ships {why}"
     log(f"  qat {decision}")
     path = ctx.stage_dir / "model.onnx"
@@ -119,7 +100,7 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
             "teacher": teacher_from,
             "calibration": {**cfg.calibration.model_dump(), "samples": calibrated},
             "reduce_range": reduce_range,
-            "backend": BACKEND,
+            "backend": timing.backend if timing else "onnxruntime-cpu",
             "fp32_onnx_bytes": fp32.stat().st_size,
             "int8_onnx_bytes": int8.stat().st_size,
             "shipped": "int8" if shipped == int8 else "fp32",
@@ -129,3 +110,28 @@ def run_qat(ctx, cfg: QatConfig) -> StageResult:
             **res.metrics(cfg),
         },
     )
+
+
+def _exported_and_checked(qat, example, path, val, min_agreement: float):
+    """The QDQ ONNX file of the trained simulation and how far the two agree on the validation
+    split (a check of the export, reported: nothing is chosen on it)."""
+    from ..runtimes import open_file
+    from ..scoring import outputs, torch_predictor
+
+    simulated, labels = outputs(torch_predictor(qat), val)  # before export: converting changes qat
+    int8 = qat.export_onnx(example, path)
+    in_file, _ = outputs(open_file(int8), val)
+    agreement = float((simulated.argmax(1) == in_file.argmax(1)).mean())
+    parity = {
+        "agreement": agreement,
+        "samples": len(labels),
+        "min_agreement": min_agreement,
+        "met": agreement >= min_agreement,
+        "simulated_accuracy": float((simulated.argmax(1) == labels).mean()),
+        "onnx_accuracy": float((in_file.argmax(1) == labels).mean()),
+    }
+    log(
+        f"  qat parity: the int8 file agrees with the simulated model on {agreement:.2%} of "
+        f"{len(labels)} validation samples{'' if parity['met'] else f' (below {min_agreement:.0%})'}"
+    )
+    return int8, parity

@@ -1,26 +1,23 @@
-"""Compression stages: select, prune, distill, quantize (configs + handlers registered in STAGES)."""
+"""Compression stages: select, prune, distill (configs + handlers registered in STAGES); quantize and
+qat have modules of their own."""
 
 from __future__ import annotations
 
 import copy
-import shutil
 import time
-from pathlib import Path
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, field_validator
 
-from ..data.selectors import Budget, CalibrationConfig, SelectorName
-from ..errors import EffvisionError
+from ..data.selectors import Budget, SelectorName
 from ..progress import log
-from ..recipe import StageConfig, Strict, TargetConfig
+from ..recipe import StageConfig, TargetConfig
 from ..stage import StageResult, register_stage
 from ..train.config import DistillSettings, TrainSettings
 from ..train.loop import fit
 from .finetune import FinetuneSettings, finetune, recalibrate_batchnorm
 from .prune import prune
-from .quantize import Int8Builder
 from .selection import ProxyConfig, choose, proxy_factory
 from .sparsity import SparsitySettings, train_sparse
 from .target_prune import TargetPruneSettings
@@ -123,16 +120,15 @@ class PruneConfig(StageConfig):
         if self.target is True and recipe.target is None:
             return "target: true, but the recipe has no target block"
         aimed = self.aimed_target(recipe)
-        if aimed is not None and aimed.floor_only:
-            types = [s.get("type") if isinstance(s, dict) else s.type for s in recipe.stages]
-            if "plan" not in types:
-                return "target: max_drop alone (the fastest file within it) needs a plan stage before prune"
-            if self.finetune.step_epochs < 1 or self.aim.steps < 2:
-                return (
-                    "target: max_drop alone prunes step by step while the floor holds: give aim.steps >= 2 and "
-                    "finetune.step_epochs >= 1 (each step's recovered accuracy is held against the floor)"
-                )
-        return None
+        if aimed is None:
+            return None
+        types = [s.get("type") if isinstance(s, dict) else s.type for s in recipe.stages]
+        return aimed.goal.prune_problem("plan" in types, self.finetune.step_epochs, self.aim.steps)
+
+    def decides(self, recipe) -> bool:
+        """Aiming at a target (candidates, steps, the floor), or fine-tuning (batch-norm statistics kept or not)."""
+        trains = self.finetune.step_epochs > 0 and self.iterative_steps > 1
+        return self.aimed_target(recipe) is not None or trains or self.sparsity.epochs > 0
 
     def aimed_target(self, recipe) -> Optional[TargetConfig]:
         """The target this stage aims at in `recipe`: its own block, else the recipe's (unless
@@ -237,178 +233,4 @@ def run_distill(ctx, cfg: DistillConfig) -> StageResult:
         accuracy=res.accuracy,
         time_to_accuracy_s=res.time_to_accuracy_s,
         extra={"teacher": teacher_from, **res.metrics(cfg)},
-    )
-
-
-class SpeedCheckSettings(Strict):
-    """How an int8 stage (quantize, qat) times int8 against fp32 before it ships."""
-
-    require_faster: bool = Field(
-        True, description="ship int8 only when it is measured faster than the fp32 file at the decision's batches"
-    )
-    batches: Optional[list[int]] = Field(
-        None,
-        description="batches the speed decisions are measured at (default: the one the model ships at, the "
-        "recipe's target.batch, else 1)",
-    )
-    warmup: int = Field(5, ge=0, description="untimed calls per file and batch before timing")
-    repeats: int = Field(40, ge=4, description="timed calls per file and batch, interleaved in 8 rounds")
-
-    @field_validator("batches")
-    @classmethod
-    def _positive_batches(cls, v):
-        if v is not None and (not v or min(v) < 1):
-            raise ValueError("batches must be a non-empty list of positive sizes")
-        return v
-
-
-class QuantizeConfig(SpeedCheckSettings, StageConfig):
-    type: Literal["quantize"] = "quantize"
-    reads_recipe_target: ClassVar[bool] = True  # its floor: the target's max_drop, without one of its own
-    calibration: CalibrationConfig = Field(
-        default_factory=CalibrationConfig, description="{selector, n}: the samples that calibrate activations"
-    )
-    method: Literal["minmax", "percentile", "entropy"] = Field(
-        "percentile", description="how activation ranges are calibrated"
-    )
-    per_channel: bool = Field(True, description="one weight scale per output channel (else per tensor)")
-    exclude: list[str] = Field(default_factory=list, description="ONNX node names left in float")
-    reduce_range: Union[bool, Literal["auto"]] = Field(
-        "auto", description="7-bit weights; auto: when the CPU lacks VNNI"
-    )
-    max_drop: Optional[float] = Field(
-        None,
-        ge=0,
-        lt=1,
-        description="largest accepted top-1 loss against the fp32 file (absolute, e.g. 0.005); the most "
-        "sensitive nodes (layers, activations, element-wise ops) go back to float until it holds",
-    )
-    speed_aware: bool = Field(
-        True, description="keep in float the layer groups (stem, depthwise, classifier, element-wise) measured slower"
-    )
-    rank_samples: int = Field(256, ge=8, description="calibration samples the layer sensitivity is measured on")
-    accuracy_control: bool = Field(
-        True,
-        description="an OpenVINO IR whose int8 misses max_drop: NNCF's accuracy control puts the ops that cost the "
-        "most back in float (ONNX files: the node reverts above)",
-    )
-
-
-def decision_batches(ctx, cfg: SpeedCheckSettings) -> tuple[list[int], str]:
-    """The batches int8 must pay at, and why those: the stage's own `batches`, else the one the
-    model ships at (the recipe's target.batch, else 1: a file runs one input at a time unless
-    the recipe says otherwise)."""
-    if cfg.batches:
-        return sorted(set(cfg.batches)), "the stage's batches"
-    target = getattr(ctx.recipe, "target", None)
-    if target is not None:
-        return [target.batch], f"batch {target.batch}, where the model ships (the recipe's target.batch)"
-    return [1], "batch 1, where the model ships (the recipe sets no target.batch)"
-
-
-def speed_timing(ctx, cfg: SpeedCheckSettings):
-    """Timing at the decision's batches (decision_batches), interleaved."""
-    from .int8_search import Timing
-
-    batches, _ = decision_batches(ctx, cfg)
-    return Timing(ctx.input_shape, batches, cfg.warmup, cfg.repeats, rounds=min(8, cfg.repeats))
-
-
-def _samples(loader, n: int) -> np.ndarray:
-    xs, count = [], 0
-    for x, *_ in loader:
-        xs.append(x.numpy())
-        count += len(x)
-        if count >= n:
-            break
-    return np.concatenate(xs)[:n]
-
-
-def floor_of(ctx, own: float | None, runtime=None) -> tuple[float | None, float | None]:
-    """The largest top-1 loss an int8 step may take, and the accuracy it is measured from: the
-    stage's own max_drop against the file it quantizes; else the recipe target's floor against the
-    uncompressed model (scored here, as an fp32 file of `runtime`, ONNX by default, on the
-    validation split), so that pruning's loss and int8's together hold it."""
-    import tempfile
-
-    from ..deploy import evaluate
-    from ..deploy.reference import reference_model
-    from ..deploy.runtimes import runtime_named
-    from .plan import export_fp32
-
-    target = ctx.recipe.target
-    if own is not None or target is None or target.max_drop is None:
-        return own, None
-    reference = reference_model(ctx)
-    if reference is None:  # nothing compressed before: the file quantized is the uncompressed model
-        return target.max_drop, None
-    runtime = runtime or runtime_named("onnxruntime")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = export_fp32(runtime, reference, Path(tmp) / f"reference{runtime.suffix}", list(ctx.full_input_shape))
-        accuracy = evaluate(path, ctx.full_data.val_loader())
-    log(f"  int8 holds the target's floor: at most {target.max_drop} below the uncompressed model's {accuracy:.4f}")
-    return target.max_drop, accuracy
-
-
-@register_stage("quantize", QuantizeConfig)
-def run_quantize(ctx, cfg: QuantizeConfig) -> StageResult:
-    """Static int8 (ONNX Runtime QDQ, U8S8, per-channel) that keeps its accuracy (max_drop) and
-    ships only when it pays (require_faster), both measured here."""
-    import tempfile
-
-    from ..deploy import evaluate
-    from ..deploy.runtimes import runtime_of_path
-    from .int8_search import search_int8
-    from .runtime_int8 import quantize_in_runtime
-
-    if ctx.exported is not None and runtime_of_path(ctx.exported).kind not in ("onnx", "pte"):
-        return quantize_in_runtime(ctx, cfg, ctx.exported)  # an IR or a .tflite: that runtime's own tool
-    src = ctx.onnx
-    if src is None:  # no export stage before: export the current model first
-        from ..deploy.onnx_export import export_onnx
-
-        src = export_onnx(ctx.model, ctx.stage_dir / "fp32.onnx")
-    calib = ctx.calibration_loader(cfg.calibration)
-    timing = speed_timing(ctx, cfg) if cfg.require_faster or cfg.speed_aware else None
-    max_drop, from_accuracy = floor_of(ctx, cfg.max_drop)
-    with tempfile.TemporaryDirectory() as tmp:
-        builder = Int8Builder(src, calib, tmp, cfg.method, cfg.per_channel, cfg.reduce_range)
-        unknown = sorted(set(cfg.exclude) - {n.name for n in builder.nodes})
-        if unknown:
-            raise EffvisionError(f"quantize: exclude names nodes not in {src}: {', '.join(unknown[:5])}")
-        result = search_int8(
-            builder,
-            Path(src),
-            ctx.stage_dir / "model.onnx",
-            timing,
-            cfg.speed_aware,
-            cfg.require_faster,
-            max_drop,
-            lambda path: evaluate(path, ctx.data.val_loader()),
-            _samples(calib, cfg.rank_samples) if max_drop is not None else None,
-            set(cfg.exclude),
-            from_accuracy,
-        )
-    shutil.rmtree(ctx.stage_dir / "int8-search", ignore_errors=True)
-    decided_at = None
-    if timing is not None:
-        decided_at = {"batches": timing.batches, "why": decision_batches(ctx, cfg)[1]}
-        log(f"  quantize decided at {decided_at['why']}")
-    return ctx.artifact_result(
-        result.path,
-        extra={
-            "calibration": cfg.calibration.model_dump(),
-            "method": cfg.method,
-            "reduce_range": builder.reduce_range,
-            "fp32_onnx_bytes": Path(src).stat().st_size,
-            "shipped": result.shipped,
-            "decision": result.decision,
-            "decided_at": decided_at,
-            "float_layers": sorted(result.float_nodes & set(builder.layers)),
-            "int8_layers": result.layers - len(result.float_nodes & set(builder.layers)),
-            "float_nodes": sorted(result.float_nodes - set(builder.layers)),
-            "speed_groups": result.speed_groups,
-            "speed_check": result.speed_check,
-            "accuracy_search": result.accuracy_search,
-        },
     )

@@ -49,10 +49,7 @@ class TargetPruneSettings(Strict):
         "after batch-norm recalibration, then timed, the most accurate first; the first within the goal is "
         "pruned to. 0: the importance planner alone",
     )
-    score_samples: int = Field(2048, ge=64, description="training images each candidate is scored on")
-
-
-EXTRA_STEPS = 3  # steps after the planned ones while the measured model still misses the target
+    score_samples: int = Field(2048, ge=64, description="images of the decision split each candidate is scored on")
 
 
 def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference, ship=None, score=None) -> tuple[dict, object]:
@@ -75,29 +72,24 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference, ship=Non
     )
     try:
         first = aim.measure(model)
-        if target.floor_only:  # the narrowest widths' latency, measured below, once reachable is known
-            aim.fastest_ms = first["scaled_ms"]
-            log(f"  no speed asked: steps toward the narrowest widths while the floor max_drop {target.max_drop} holds")
-        else:
-            log(
-                f"  target: {aim.goal_ms():.3f} ms on {target.backend} at batch {target.batch} (steps aim at "
-                f"{aim.goal_ms(cfg.aim.margin):.3f}); reference {first['reference_ms']:.3f} ms, this model "
-                f"{first['ms']:.3f} ms"
-            )
+        aim.fastest_ms = first["scaled_ms"]  # until the narrowest widths are measured below
+        log(
+            f"  target {target.goal.describe()} on {target.backend} at batch {target.batch}: {aim.goal_ms():.3f} ms "
+            f"(steps aim at {aim.goal_ms(cfg.aim.margin):.3f}, floor max_drop {target.max_drop}); reference "
+            f"{first['reference_ms']:.3f} ms, this model {first['ms']:.3f} ms"
+        )
         record = {"target_ms": round(aim.goal_ms(), 4), "start": first, "steps": []}
-        if not target.floor_only and _met_twice(aim, model, first, record):
+        if target.goal.may_be_met_on_entry() and _met_twice(aim, model, first, record):
             log("  the model already meets the target: nothing pruned")
             return {**record, "final": first, "met": True}, model
         lat, groups, original, multiple = measured_latency_model(
             model, ctx.input_shape, aim, first, cfg, record, lambda m: _untrained_accuracy(ctx, m)
         )
-        if target.floor_only:
-            aim.fastest_ms = record["narrowest"]["scaled_ms"]
-            record["target_ms"] = round(aim.fastest_ms, 4)
+        aim.fastest_ms = record["narrowest"]["scaled_ms"]  # what a goal of no speed aims at
+        record["target_ms"] = round(aim.goal_ms(), 4)
         goal = aim.goal_ms(cfg.aim.margin)
         start, last = first["scaled_ms"], first
-        extra = 0 if target.floor_only else EXTRA_STEPS  # no speed asked: no step past the planned ones
-        for k in range(1, cfg.aim.steps + extra + 1):
+        for k in range(1, cfg.aim.steps + target.goal.extra_steps + 1):
             if k > cfg.aim.steps:
                 ms = _confirmed_ms(aim, model, last, goal, record)
                 if ms <= goal:
@@ -130,7 +122,7 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference, ship=Non
         if score is not None:
             record["floor"] = score(model)
             log(
-                f"  on the plan's held-out images: top-1 {record['floor']['top1']:.4f} "
+                f"  on the plan's decision images: top-1 {record['floor']['top1']:.4f} "
                 f"({-100 * record['floor']['drop']:+.2f} points)"
             )
         return record, model
@@ -139,11 +131,9 @@ def prune_to_target(ctx, target: TargetConfig, cfg, teacher, reference, ship=Non
 
 
 def _untrained_accuracy(ctx, model) -> float:
-    """Top-1 of a pruned copy with its batch-norm statistics recomputed and no training."""
-    from ..scoring import accuracy, torch_predictor
-
+    """Top-1 on the decision split of a pruned copy with its batch-norm statistics recomputed and no training."""
     recalibrate_batchnorm(model, ctx.data)
-    return accuracy(torch_predictor(model, ctx.device), ctx.data.val_loader())
+    return ctx.decisions.score_model(model)
 
 
 def _confirmed_ms(aim: Aim, model, last: dict, goal: float, record: dict) -> float:
@@ -248,7 +238,8 @@ def _step(ctx, cfg, model, teacher, aim: Aim, lat, original, multiple: int, step
             groups, original, current, lat, goal, multiple, cfg.aim.candidates, plan.widths, ctx.seed + k
         )
         if scored:
-            score_candidates(model, groups, scored, ctx.data, ctx.device, cfg.aim.score_samples, cfg.importance)
+            loader = ctx.decisions.loader(cfg.aim.score_samples)
+            score_candidates(model, groups, scored, ctx.data, ctx.device, loader, cfg.importance)
 
             def measure(w: dict[str, int]) -> float:
                 return aim.measure(at_widths(model, groups, w, cfg.importance))["scaled_ms"]
@@ -291,7 +282,7 @@ def floor_and_target(ctx, plan: dict | None, aimed: dict) -> None:
     raise EffvisionError(
         f"prune: the target {goal} and the floor max_drop {plan['max_drop']} cannot both be met "
         f"here (the floor bound): within the floor, {kept['file']} ({kept['lever']}, {kept['speedup']:.2f}x, "
-        f"{-100 * kept['cost']:+.2f} points on held-out images); toward the target, "
+        f"{-100 * kept['cost']:+.2f} points on the decision split); toward the target, "
         f"{ctx.rel(ctx.stage_dir / 'model.pt')} "
         f"({aimed['final']['speedup']:.2f}x as {plan['kept']['precision']}, {-100 * floor['drop']:+.2f} points); "
         "earlier stages are kept"

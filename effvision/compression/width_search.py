@@ -136,19 +136,6 @@ def _tight_vectors(groups, levels, predict, goal_ms) -> list[dict[str, int]]:
     return out
 
 
-def scoring_indices(n_train: int, samples: int) -> list[int]:
-    """Training images to score candidates on: a random draw after the ones batch norm is
-    recalibrated on (training_order, as recalibrate_batchnorm draws them), so that the two do not
-    overlap where the split is large enough."""
-    from .finetune import training_order
-
-    order = training_order(n_train)
-    rest = order[BN_SAMPLES:]
-    if len(rest) < 256:  # a small training split (the digits demo): score on the recalibration images too
-        rest = order
-    return sorted(rest[:samples].tolist())
-
-
 SLACK = 0.15  # candidates the latency model puts up to this much past the goal are measured too
 MEASURED = 6  # at most this many candidates are timed per step, the most accurate first
 
@@ -188,16 +175,15 @@ def score_candidates(
     candidates: list[dict],
     data,
     device,
-    samples: int,
+    loader,
     importance: str = "l2",
 ) -> None:
-    """Each candidate's top-1 with no training (a pruned copy, batch norm recomputed, `samples`
-    training images), into its record as `top1`."""
+    """Each candidate's top-1 with no training (a pruned copy, batch norm recomputed on `data`'s
+    training images), scored on `loader` (the decision split), into its record as `top1`."""
     from ..scoring import accuracy, torch_predictor
     from .align import at_widths
     from .finetune import recalibrate_batchnorm
 
-    loader = data.train_eval_loader(scoring_indices(len(data.train), samples), batch_size=256)
     for c in candidates:
         copy = at_widths(model, groups, c["widths"], importance).to(device)
         recalibrate_batchnorm(copy, data, BN_SAMPLES)

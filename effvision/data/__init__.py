@@ -16,6 +16,7 @@ from ..registry import DATASETS
 # Importing a module registers what it defines: the readers (DATASETS), samplers (SAMPLERS), selectors.
 from . import selectors  # noqa: F401
 from .cards import DatasetCard, get_card
+from .decision import DecisionSplit, resolve_size, split_indices
 from .images import builtin as image_readers  # noqa: F401
 from .images.folders import cache_budget
 from .images.transforms import eval_transform, train_transform
@@ -59,6 +60,7 @@ class DatasetBundle:
     val: Dataset
     classes: list[str]
     train_weights: Optional[torch.Tensor] = None  # per training sample loss weights (a weighted coreset); None: uniform
+    decision: Optional[DecisionSplit] = None  # the slice held out for decisions (None or empty: none held out)
 
     @property
     def num_classes(self) -> int:
@@ -86,6 +88,7 @@ class DatasetBundle:
             "modality": self.modality,
             "train_size": len(self.train),
             "val_size": len(self.val),
+            "decision": self.decision.summary() if self.decision else None,
             "num_classes": self.num_classes,
             "bad_samples": len(self.bad_samples),
         }
@@ -94,7 +97,7 @@ class DatasetBundle:
         if self.modality == "video":
             out["frames_per_clip"] = self.input_size[1]
         if self.modality == "points":
-            out.update(_parent(self.train).summary())
+            out.update(root_dataset(self.train).summary())
         return out
 
     def train_loader(
@@ -114,7 +117,7 @@ class DatasetBundle:
         an epoch's augmentations then follow from that generator's state alone, which a resumed
         training restores (persistent workers carry their random state across epochs)."""
         bs = batch_size or self.config.batch_size
-        ds = _Transformed(self.train, self.train_tf, with_index)
+        ds = Transformed(self.train, self.train_tf, with_index)
         sampler = None
         if world > 1:
             sampler = torch.utils.data.DistributedSampler(
@@ -170,7 +173,7 @@ class DatasetBundle:
 
     def val_loader(self, batch_size: int | None = None) -> DataLoader:
         return DataLoader(
-            _Transformed(self.val, self.eval_tf),
+            Transformed(self.val, self.eval_tf),
             batch_size=batch_size or self.config.eval_batch_size,
             shuffle=False,
             num_workers=self.config.num_workers,
@@ -181,32 +184,32 @@ class DatasetBundle:
         model is scored on for selection, and what the deployed model will see (calibration)."""
         ds = self.train if indices is None else torch.utils.data.Subset(self.train, list(indices))
         return DataLoader(
-            _Transformed(ds, self.eval_tf),
+            Transformed(ds, self.eval_tf),
             batch_size=batch_size or self.config.eval_batch_size,
             shuffle=False,
             num_workers=self.config.num_workers,
         )
 
-    def held_out_loader(self, n: int, seed: int = 0, batch_size: int | None = None) -> tuple[DataLoader, str]:
-        """Up to n images of the training split that this run does not train on (outside
-        max_train_samples or a selected coreset), stratified, with evaluation transforms, and where
-        they came from. Where the run trains on the whole split none is held out: n of its images,
-        and the description says so."""
-        root, used = _root_indices(self.train)
-        rest = sorted(set(range(len(root))) - set(used))
-        pool, where = (
-            (rest, f"{{n}} training images this run holds out (of {len(rest)})")
-            if rest
-            else (used, "{n} training images (the run trains on the whole split: none held out)")
-        )
-        picked = stratified_subset(Subset(root, pool), n, seed)
-        loader = DataLoader(
-            _Transformed(picked, self.eval_tf),
+    def decision_loader(self, n: int | None = None, seed: int = 0, batch_size: int | None = None) -> DataLoader:
+        """The decision split (all of it, or a stratified n of it), with evaluation transforms: the
+        only data a choice may be scored on. A run with none held out stops here with one line."""
+        if not self.decision:
+            raise EffvisionError(
+                f"this run holds out no training samples for its decisions (data.holdout: {self.config.holdout}): "
+                "set data.holdout (e.g. 0.1) so no choice is made on the validation split or on training images"
+            )
+        picked = stratified_subset(self.decision.dataset, n, seed)
+        return DataLoader(
+            Transformed(picked, self.eval_tf),
             batch_size=batch_size or self.config.eval_batch_size,
             shuffle=False,
             num_workers=self.config.num_workers,
         )
-        return loader, where.format(n=len(picked))
+
+    def decision_size(self, n: int | None = None) -> int:
+        """How many samples decision_loader(n) scores."""
+        held = len(self.decision) if self.decision else 0
+        return held if n is None else min(n, held)
 
     def with_train_subset(self, indices: Sequence[int], weights: Optional[Sequence[float]] = None) -> "DatasetBundle":
         """This bundle training on a subset of its training split (a selected coreset)."""
@@ -232,20 +235,12 @@ class DatasetBundle:
         return eval_transform(c.image_size, c.mean, c.std, interpolation=c.interpolation)
 
 
-def _root_indices(ds: Dataset) -> tuple[Dataset, list[int]]:
-    """The dataset under any Subsets, and the indices into it that `ds` holds."""
-    idx = list(range(len(ds)))
-    while isinstance(ds, torch.utils.data.Subset):
-        idx, ds = [ds.indices[i] for i in idx], ds.dataset
-    return ds, idx
-
-
-def _parent(ds: Dataset) -> Dataset:
+def root_dataset(ds: Dataset) -> Dataset:
     """The dataset under any Subset."""
-    return _parent(ds.dataset) if isinstance(ds, torch.utils.data.Subset) else ds
+    return root_dataset(ds.dataset) if isinstance(ds, torch.utils.data.Subset) else ds
 
 
-class _Transformed(Dataset):
+class Transformed(Dataset):
     """Applies a transform on top of a dataset (uint8 images or clips, float point clouds)."""
 
     def __init__(self, ds: Dataset, transform, with_index: bool = False):
@@ -256,7 +251,7 @@ class _Transformed(Dataset):
 
     def __getitem__(self, i):
         img, y = self.ds[i]
-        with getattr(_parent(self.ds), "split", NO_SPLIT)("augment"):  # a benchmark's TimeSplit
+        with getattr(root_dataset(self.ds), "split", NO_SPLIT)("augment"):  # a benchmark's TimeSplit
             img = self.transform(img)
         return (img, y, i) if self.with_index else (img, y)
 
@@ -273,11 +268,14 @@ def resolved_card(config: DataConfig, preprocessing=None) -> DatasetCard:
     return card
 
 
-def load_dataset(config: DataConfig | str | None = None, seed: int = 0, preprocessing=None) -> DatasetBundle:
+def load_dataset(
+    config: DataConfig | str | None = None, seed: int = 0, preprocessing=None, decides: bool = False
+) -> DatasetBundle:
     """Open a dataset by card name (e.g. 'digits', 'cifar10') or a DataConfig from a recipe.
     `preprocessing` (a pretrained model card's): its mean, std and interpolation replace the
     dataset card's for images, since the weights were trained on inputs normalised so; the size
-    stays the dataset's (or data.image_size), the resolution being the recipe's choice."""
+    stays the dataset's (or data.image_size), the resolution being the recipe's choice.
+    `decides`: the run has a stage that makes choices, so data.holdout's default holds some out."""
     if config is None or isinstance(config, str):
         config = DataConfig(name=config or "digits")
     card = resolved_card(config, preprocessing)
@@ -296,6 +294,12 @@ def load_dataset(config: DataConfig | str | None = None, seed: int = 0, preproce
             f"dataset {card.name}: the card's classes ({', '.join(card.classes[:4])}, ...) are not the data's "
             f"({', '.join(list(train.classes)[:4])}, ...)"
         )
+    kept, held = split_indices(
+        list(train.targets), resolve_size(config.holdout, len(train), decides), config.holdout_seed
+    )
+    decision = DecisionSplit(Subset(train, held), held, config.holdout_seed, len(train)) if held else None
+    if held:
+        train = Subset(train, kept)
     train = stratified_subset(train, config.max_train_samples, seed)
     val = stratified_subset(val, config.max_val_samples, seed)
-    return DatasetBundle(card.name, card.modality, card, config, train, val, list(train.classes))
+    return DatasetBundle(card.name, card.modality, card, config, train, val, list(train.classes), decision=decision)

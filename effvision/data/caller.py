@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -18,8 +18,9 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import EffvisionError
 from ..models.caller import tensor_bytes
 from ..recipe import DataConfig
-from . import DatasetBundle
+from . import DatasetBundle, Subset
 from .cards import DatasetCard
+from .decision import DecisionSplit, resolve_size, split_indices
 from .layouts import ScanReport
 from .timing import NO_SPLIT
 
@@ -118,12 +119,23 @@ class CallerBundle(DatasetBundle):
             raise EffvisionError("tensor_data: the caller's data is read per sample (turn tensor_data off)")
         return None
 
+    def with_decision_split(self, decides: bool) -> "CallerBundle":
+        """This bundle with its decision split cut from the caller's training data (data.holdout;
+        by default only where a stage of the recipe decides)."""
+        n = resolve_size(self.config.holdout, len(self.train), decides)
+        if not n:
+            return self
+        kept, held = split_indices(list(self.train.targets), n, self.config.holdout_seed)
+        split = DecisionSplit(Subset(self.train, held), held, self.config.holdout_seed, len(self.train))
+        return replace(self, train=Subset(self.train, kept), decision=split)
+
     def summary(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "modality": self.modality,
             "train_size": len(self.train),
             "val_size": len(self.val),
+            "decision": self.decision.summary() if self.decision else None,
             "num_classes": self.num_classes,
             "bad_samples": 0,
             "input_shape": self.input_size,

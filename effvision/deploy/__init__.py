@@ -1,29 +1,27 @@
-"""Deployment: verified exports (ONNX, ExecuTorch), evaluation of exported artifacts and the one
-benchmark harness across backends, precisions, devices and batch sizes."""
+"""Deployment: verified exports into any runtime's file (runtimes/), evaluation of exported files
+and the one benchmark harness across backends, precisions, devices and batch sizes."""
 
 import os
 
-from . import backends, exporters  # noqa: F401  (register BACKENDS and EXPORTERS)
+from ..runtimes import open_file, runtime_of_path
+from ..runtimes.onnx_files import export_onnx
+from . import backends  # noqa: F401  (registers BACKENDS)
 from .bench import bench_model, benchmark
-from .exporters import export_verified, parity
-from .onnx_export import export_onnx
-from .runtime import onnx_predictor, ort_session
+from .verify import export_verified, parity
 
 export = export_verified
 
 
 def evaluate(artifact, loader) -> float:
-    """Top-1 of a torch model, or of a file in its runtime (runtimes.py), over a loader."""
+    """Top-1 of a torch model, or of a file in its runtime, over a loader."""
     from ..errors import EffvisionError
     from ..scoring import accuracy, torch_predictor
-    from .runtimes import runtime_of_path
 
     if not isinstance(artifact, (str, os.PathLike)):
         return accuracy(torch_predictor(artifact), loader)
-    files = runtime_of_path(artifact)
-    if files.suffix is None:
+    if runtime_of_path(artifact).suffix is None:
         raise EffvisionError(f"cannot evaluate {artifact}: no runtime runs a file named so")
-    return accuracy(files.predictor(artifact), loader)
+    return accuracy(open_file(artifact), loader)
 
 
 __all__ = [
@@ -34,6 +32,5 @@ __all__ = [
     "export_onnx",
     "parity",
     "evaluate",
-    "onnx_predictor",
-    "ort_session",
+    "open_file",
 ]

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..errors import EffvisionError
 from ..registry import BACKENDS
+from ..runtimes import Runtime, RuntimeUnavailable, file_runtimes, runtime_named, target_of
 from .torch_precision import input_dtype, math_mode, prepare_model
 
 
@@ -39,11 +40,13 @@ def random_batch(batch: int, shape: list[int]) -> torch.Tensor:
     return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(0))
 
 
-class BackendUnavailable(EffvisionError):
-    """The backend cannot run on this machine (a package or provider absent or inactive)."""
+BackendUnavailable = RuntimeUnavailable  # the backend cannot run here (a package or provider absent)
 
 
 class Backend:
+    """A benchmark backend: a runtime's target (runtimes/), which loads its model or file into a Loaded runner."""
+
+    runtime: Runtime
     takes = "model"  # "model" (a torch nn.Module) or a file suffix
     supports: dict[str, tuple[str, ...]] = {}  # device type -> precisions
     packages: tuple[str, ...] = ()  # the distributions that run it beside torch (their versions key its timings)
@@ -68,29 +71,50 @@ class Backend:
     @classmethod
     def missing(cls) -> str | None:
         """Why this backend cannot run here (a package or provider absent), or None."""
-        return None
+        return cls.runtime.missing("run", next(iter(cls.supports)))
 
     def load(self, target, shape: list[int], opts: BenchOptions) -> Loaded:
         raise NotImplementedError
 
-    def check_file(self, path, opts: BenchOptions) -> None:
-        """A file backend's target: a path of its runtime's kind, in the precision asked for (read off
-        the file by its runtime); else one line."""
-        from .runtimes import runtime_taking
 
-        runtime = runtime_taking(self.takes)
+class FileBackend(Backend):
+    """A file runtime's target: the file opened by its runtime (the one way files are opened)."""
+
+    def load(self, path, shape, opts):
+        runtime = self.runtime
         if not isinstance(path, (str, Path)):
-            raise EffvisionError(f"{self.name} runs {runtime.describes}")
-        found = runtime.precision(path)
+            raise EffvisionError(f"{self.name} runs {runtime.describes}, not a torch model")
+        found = runtime.precision(path, said=opts.precision)  # (a .pte does not say: taken as asked)
         if found != opts.precision:
             raise EffvisionError(f"{path} is a {found} model, not {opts.precision}")
+        session = runtime.open(path, opts.device.type, opts.threads, spinning=not opts.side_by_side)
+        fixed = runtime.input_shape(path)[0] if runtime.batch_rule == "fixed" else None
+
+        def make_input(batch: int):
+            if fixed is not None and batch != fixed:
+                raise EffvisionError(
+                    f"{path} is exported for batch {fixed}, not {batch} (export one file per batch size)"
+                )
+            return random_batch(batch, shape).numpy()
+
+        return Loaded(session.run, make_input, session.notes)
+
+
+def _register_file_backends() -> None:
+    """One backend per target of every file runtime, named as the runtime names it."""
+    for runtime in file_runtimes():
+        for target in runtime.targets:
+            attrs = {"runtime": runtime, "takes": runtime.suffix, "supports": target.supports}
+            attrs.update(packages=runtime.packages, __doc__=f"{runtime.describes} on {target.backend}")
+            BACKENDS.register(target.backend, type(f"Backend_{target.backend}", (FileBackend,), attrs))
 
 
 @BACKENDS.register("torch-eager")
 class TorchEager(Backend):
     """PyTorch eager under inference_mode. int8/float8 on a GPU via torchao."""
 
-    supports = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "tf32", "bf16", "fp16", "int8", "float8")}
+    runtime = runtime_named("torch")
+    supports = target_of("torch-eager").supports
 
     def wrap(self, model: nn.Module, opts: BenchOptions) -> Callable:
         return model
@@ -133,7 +157,7 @@ class TorchCompile(TorchEager):
     """torch.compile with inductor (mode from --compile-mode; reduce-overhead = CUDA graphs on a
     GPU). On the CPU weights are frozen (constant-folded and pre-packed), which int8 needs."""
 
-    supports = {"cpu": ("fp32", "bf16", "int8"), "cuda": ("fp32", "tf32", "bf16", "fp16", "int8", "float8")}
+    supports = target_of("torch-compile").supports
 
     def wrap(self, model, opts):
         # a fresh dynamo per compiled model: its recompile limit (8 per code object) is shared by
@@ -152,122 +176,7 @@ class TorchCompile(TorchEager):
         return lambda: inductor_config.patch(freezing=True)
 
 
-class OnnxRuntime(Backend):
-    takes = ".onnx"
-    packages = ("onnxruntime",)
-    provider = "CPUExecutionProvider"
-
-    @classmethod
-    def missing(cls):
-        import onnxruntime as ort
-
-        if cls.provider not in ort.get_available_providers():
-            return f"onnxruntime has no {cls.provider} here (providers: {', '.join(ort.get_available_providers())})"
-        return None
-
-    def load(self, path, shape, opts):
-        from .runtime import ort_session
-
-        self.check_file(path, opts)
-        providers = [self.provider] + (["CPUExecutionProvider"] if self.provider != "CPUExecutionProvider" else [])
-        session = ort_session(path, threads=opts.threads, providers=providers, spinning=not opts.side_by_side)
-        if session.get_providers()[0] != self.provider:  # ORT falls back to the CPU with only a warning
-            raise BackendUnavailable(
-                f"onnxruntime did not start {self.provider} (session runs on {', '.join(session.get_providers())})"
-            )
-        name = session.get_inputs()[0].name
-        return Loaded(
-            lambda x: session.run(None, {name: x}),
-            lambda b: random_batch(b, shape).numpy(),
-            {"providers": session.get_providers()},
-        )
-
-
-@BACKENDS.register("onnxruntime-cpu")
-class OnnxRuntimeCpu(OnnxRuntime):
-    """ONNX Runtime's CPU execution provider (int8: QDQ U8S8 kernels)."""
-
-    supports = {"cpu": ("fp32", "fp16", "int8")}
-
-
-@BACKENDS.register("onnxruntime-cuda")
-class OnnxRuntimeCuda(OnnxRuntime):
-    """ONNX Runtime's CUDA execution provider, when the installed onnxruntime has it (inputs
-    are copied from the host on every call, as an application feeding numpy would)."""
-
-    supports = {"cuda": ("fp32", "fp16", "int8")}
-    provider = "CUDAExecutionProvider"
-
-
-@BACKENDS.register("executorch")
-class Executorch(Backend):
-    """An ExecuTorch .pte program lowered to XNNPACK, run by ExecuTorch's runtime."""
-
-    takes = ".pte"
-    supports = {"cpu": ("fp32", "int8")}
-    packages = ("executorch",)
-
-    @classmethod
-    def missing(cls):
-        from .executorch_export import executorch_missing
-
-        return executorch_missing()
-
-    def load(self, path, shape, opts):
-        from .executorch_export import pte_input_shape, pte_predictor
-
-        program_batch = pte_input_shape(path)[0]
-
-        def make_input(batch: int):
-            if batch != program_batch:
-                raise EffvisionError(
-                    f"{path} is exported for batch {program_batch}, not {batch} (export one .pte per batch size)"
-                )
-            return random_batch(batch, shape)
-
-        return Loaded(pte_predictor(path, exact=True), make_input, {"program_batch": program_batch})
-
-
-@BACKENDS.register("openvino-cpu")
-class OpenvinoCpu(Backend):
-    """An OpenVINO IR (.xml) compiled for the CPU with the latency hint (int8: NNCF's files)."""
-
-    takes = ".xml"
-    supports = {"cpu": ("fp32", "int8")}
-    packages = ("openvino",)
-
-    @classmethod
-    def missing(cls):
-        from .openvino_export import openvino_missing
-
-        return openvino_missing()
-
-    def load(self, path, shape, opts):
-        from .openvino_export import ir_predictor
-
-        self.check_file(path, opts)
-        return Loaded(ir_predictor(path, opts.threads), lambda b: random_batch(b, shape).numpy())
-
-
-@BACKENDS.register("litert-cpu")
-class LitertCpu(Backend):
-    """A LiteRT file (.tflite) in ai-edge-litert's interpreter, XNNPACK on the CPU."""
-
-    takes = ".tflite"
-    supports = {"cpu": ("fp32", "int8")}
-    packages = ("ai-edge-litert",)
-
-    @classmethod
-    def missing(cls):
-        from .litert_export import litert_missing
-
-        return litert_missing()
-
-    def load(self, path, shape, opts):
-        from .litert_export import tflite_predictor
-
-        self.check_file(path, opts)
-        return Loaded(tflite_predictor(path, opts.threads), lambda b: random_batch(b, shape).numpy())
+_register_file_backends()
 
 
 def backend(name: str) -> Backend:

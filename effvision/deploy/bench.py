@@ -216,17 +216,18 @@ def compare(
 
 
 def default_backend(target) -> str:
-    from .runtimes import default_backend_of
+    """The backend that times `target` (a torch model, or a file named by its suffix)."""
+    from ..runtimes import file_runtimes, runtime_named, runtime_of_path
 
-    return default_backend_of(target)
-
-
-def batch_groups(takes: str, batches: Iterable[int]) -> list[tuple[int, ...]]:
-    """Batch sizes one loaded target can run: all of them, or one each for fixed-batch files (.pte)."""
-    from .runtimes import runtime_taking
-
-    batches = tuple(batches)
-    return [(b,) for b in batches] if runtime_taking(takes).fixed_batch else [batches]
+    if isinstance(target, nn.Module):
+        return runtime_named("torch").default_backend
+    runtime = runtime_of_path(target)
+    if runtime.suffix is None:
+        suffixes = ", ".join(r.suffix for r in file_runtimes())
+        raise EffvisionError(
+            f"cannot benchmark {target}: expected a file ({suffixes}), an effvision checkpoint or a model name"
+        )
+    return runtime.default_backend
 
 
 def bench_model(
@@ -242,8 +243,8 @@ def bench_model(
     """Benchmark a torch model on (backend, precision) pairs, exporting it first for backends that
     run files (ONNX, ExecuTorch). `calibration` is a loader of (x, y) for int8 (random inputs
     when None: fine for speed, not for accuracy)."""
-    from .backends import backend as get_backend
-    from .exporters import export_for_backend
+    from ..runtimes import runtime_of_backend
+    from .verify import export_for_runtime
 
     device = resolve_device(device) if isinstance(device, str) else device
     for name, precision in pairs:  # fail on a bad pair before any slow work
@@ -252,12 +253,12 @@ def bench_model(
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(workdir or tmp)
         for name, precision in pairs:
-            takes = get_backend(name).takes
-            for group in batch_groups(takes, batches):
+            runtime = runtime_of_backend(name)
+            for group in runtime.batch_groups(batches):
                 target = (
                     model
-                    if takes == "model"
-                    else export_for_backend(model, takes, precision, work, shape, calibration, batch=group[0])[0]
+                    if runtime.suffix is None
+                    else export_for_runtime(model, runtime, precision, work, shape, calibration, batch=group[0])[0]
                 )
                 calib = (x for x, _ in calibration) if calibration is not None else ()
                 rows += benchmark(target, shape, name, precision, group, device, calibration=calib, **kw)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import EffvisionError
 from ..fileio import atomic_dir, write_text
+from ..runtimes import STANDALONE_PREDICT
 from .metadata import read_metadata
 
 EXTRA = {"image": [], "video": ["av"], "points": ["open3d"]}
@@ -35,7 +36,7 @@ def write_bundle(artifact: str | Path, out_dir: str | Path) -> Path:
     """Write the bundle of a file carrying effvision metadata into out_dir (replaced whole): an ONNX
     file, an OpenVINO IR or a LiteRT file (runtimes whose files a predict.py without torch can run)."""
     from ..models.weights import sha256_of
-    from .runtimes import runtime_of_path
+    from ..runtimes import runtime_of_path
 
     artifact, out_dir = Path(artifact), Path(out_dir)
     runtime = runtime_of_path(artifact)
@@ -55,7 +56,7 @@ def write_bundle(artifact: str | Path, out_dir: str | Path) -> Path:
         for f in runtime.files(artifact):  # model.onnx; model.xml and model.bin; model.tflite
             shutil.copyfile(f, tmp / f"model{f.suffix}")
         write_text(tmp / "model.json", json.dumps(meta, indent=2) + "\n")
-        shutil.copyfile(Path(__file__).with_name("standalone_predict.py"), tmp / "predict.py")
+        shutil.copyfile(STANDALONE_PREDICT, tmp / "predict.py")
         write_text(tmp / "requirements.txt", "\n".join(packages) + "\n")
         write_text(tmp / "README.md", readme(meta))
 

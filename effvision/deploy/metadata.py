@@ -93,7 +93,7 @@ def describe(
     source: dict | None = None,
 ) -> dict:
     """The document. batch None: the batch dimension is dynamic (ONNX); else the program's fixed one."""
-    from ..env import _version, git_sha
+    from ..env import git_sha, package_version
 
     return {
         "format": FORMAT,
@@ -110,7 +110,7 @@ def describe(
         },
         "output": {"name": "logits", "shape": ["batch" if not batch else batch, len(classes)], "softmax": False},
         "accuracy": accuracy,
-        "source": {"effvision": _version("effvision"), "commit": git_sha(), **(source or {})},
+        "source": {"effvision": package_version("effvision"), "commit": git_sha(), **(source or {})},
     }
 
 
@@ -133,12 +133,12 @@ def for_artifact(bundle, model, top1: float, path: Path | None = None, source: d
     say its precision takes its exporter's word, source["precision"])."""
     batch, fmt, precision, runtime = None, "checkpoint", "fp32", "torch"
     if path is not None:
-        from .runtimes import runtime_of_path
+        from ..runtimes import runtime_of_path
 
         files = runtime_of_path(path)
         batch = files.input_shape(path)[0] or None  # 0: a dynamic batch
         fmt, runtime, precision = (
-            files.export_format,
+            files.format,
             files.name,
             files.precision(path, (source or {}).get("precision")),
         )
@@ -185,7 +185,7 @@ def sidecar(path: str | Path) -> Path:
 
 def write_metadata(path: str | Path, meta: dict) -> Path:
     """Store `meta` where the artifact's runtime keeps it: in the file (ONNX), else beside it."""
-    from .runtimes import runtime_of_path
+    from ..runtimes import runtime_of_path
 
     path = Path(path)
     if not runtime_of_path(path).write_metadata(path, KEY, json.dumps(meta)):
@@ -195,7 +195,7 @@ def write_metadata(path: str | Path, meta: dict) -> Path:
 
 def read_metadata(path: str | Path) -> dict | None:
     """The document of an artifact, or None when it carries none (a plain ONNX file)."""
-    from .runtimes import runtime_of_path
+    from ..runtimes import runtime_of_path
 
     path = Path(path)
     files = runtime_of_path(path)

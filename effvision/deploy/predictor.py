@@ -70,14 +70,14 @@ class Preprocess:
     def _image(item: Any) -> torch.Tensor:
         from PIL import Image
 
-        from ..data.images.folders import _rgb8, decode_image
+        from ..data.images.folders import decode_image, rgb8
 
         if isinstance(item, (str, os.PathLike)):
             return decode_image(Path(item).read_bytes())
         if isinstance(item, bytes):
             return decode_image(item)
         if isinstance(item, Image.Image):
-            return torch.from_numpy(_rgb8(item).copy()).permute(2, 0, 1).contiguous()
+            return torch.from_numpy(rgb8(item).copy()).permute(2, 0, 1).contiguous()
         arr = np.asarray(item)
         if arr.ndim == 3 and arr.shape[-1] == 3 and arr.dtype == np.uint8:  # H x W x RGB, as Pillow gives
             return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
@@ -148,7 +148,7 @@ def load(
     """A predictor for an ONNX file, a .pte program, an effvision checkpoint or a zoo card name,
     preprocessing inputs as its metadata says (or --mean/--std/--size for a plain ONNX file)."""
     from ..models import is_checkpoint_path
-    from .runtimes import runtime_of_path
+    from ..runtimes import open_file, runtime_of_path
 
     path = str(artifact)
     files = runtime_of_path(path)
@@ -157,7 +157,7 @@ def load(
         raise EffvisionError(f"artifact not found: {path}")
     if files.suffix is not None:
         meta = md.read_metadata(path)
-        run = files.predictor(path, runtime)
+        run = open_file(path, runtime)
         if meta is None:
             shape = files.input_shape(path)[1:]
             meta = _plain_meta(path, shape, _num_outputs(run, shape), mean, std, size)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..progress import log
-from .runtimes import runtime_of_kind, shipped_artifact
+from ..runtimes import runtime_of_kind, shipped_artifact
 
 COMPRESSING = ("prune", "distill", "quantize", "qat")
 NAME = "reference"  # its rows in the bench stage's measurements
@@ -50,7 +50,6 @@ def prepare_reference(ctx, device) -> Reference | None:
     compressed."""
     from ..models import load_checkpoint
     from . import evaluate
-    from .exporters import get_exporter
 
     first = reference_record(ctx.records)
     if first is None:
@@ -60,13 +59,12 @@ def prepare_reference(ctx, device) -> Reference | None:
     kind = shipped_artifact(arts)[0]
     runtime = runtime_of_kind(kind)
     path = ctx.run_dir / first["input_model"]
-    ref = Reference(kind, runtime.backend_for(device), load_checkpoint(path), first["name"], final)
+    ref = Reference(kind, runtime.backend_for(device.type), load_checkpoint(path), first["name"], final)
     log(f"  reference: the model entering '{first['name']}', fp32 {runtime.label} on {ref.backend}")
-    if runtime.suffix and not runtime.fixed_batch:
+    if runtime.suffix and runtime.batch_rule != "fixed":
         # at the data's own input size, where a plan stage lowered the compressed model's
-        exporter = get_exporter(runtime.export_format, "fp32")
         where = ctx.stage_dir / f"reference{runtime.suffix}"
-        ref.file = exporter.export(ref.model, where, list(ctx.full_input_shape), "fp32", None)
+        ref.file = runtime.export(ref.model, where, list(ctx.full_input_shape))
         ref.onnx = ref.file if kind == "onnx" else None
         ref.accuracy, ref.size_bytes = evaluate(ref.file, ctx.full_data.val_loader()), runtime.file_bytes(ref.file)
     else:  # a program of one batch size (.pte): its accuracy is the PyTorch model's, as its export was verified
@@ -80,14 +78,14 @@ def time_against_final(ctx, ref: Reference, batches: list[int], device, warmup: 
     (another runtime's file or a torch model ships): reference and final side by side on the
     final's backend."""
     from ..models import load_checkpoint
-    from .bench import batch_groups, compare
-    from .exporters import export_for_backend
+    from .bench import compare
+    from .verify import export_for_runtime
 
     arts, rows, runtime = ref.final["artifacts"], [], runtime_of_kind(ref.kind)
-    for group in batch_groups(runtime.takes, batches):
-        if runtime.fixed_batch:  # one program per batch size
-            target = export_for_backend(
-                ref.model, runtime.suffix, "fp32", ctx.stage_dir, ctx.full_input_shape, batch=group[0]
+    for group in runtime.batch_groups(batches):
+        if runtime.batch_rule == "fixed":  # one program per batch size
+            target = export_for_runtime(
+                ref.model, runtime, "fp32", ctx.stage_dir, ctx.full_input_shape, batch=group[0]
             )[0]
             if group[0] == min(batches):
                 ref.size_bytes = runtime.file_bytes(target)  # the program at the latency batch, as the headline's

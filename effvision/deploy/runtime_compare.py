@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from ..errors import EffvisionError
-from ..registry import EXPORTERS, UnknownNameError, suggest
-from .bench import batch_groups, compare
-from .exporters import export_for_backend
-from .runtimes import Runtime, file_runtimes
+from ..registry import UnknownNameError, suggest
+from ..runtimes import Runtime, file_runtimes
+from .bench import compare
+from .verify import export_for_runtime
 
 BASELINE = ("onnxruntime", "fp32")  # the row every speed-up is against
 
@@ -35,7 +35,7 @@ def runtimes_asked(names: list[str], precision: str = "int8") -> tuple[list[Runt
         raise EffvisionError("the comparison is against ONNX Runtime's fp32 file: include onnxruntime")
     kept, notes = [], []
     for runtime in chosen:
-        reason = EXPORTERS.get(runtime.export_format)().missing(precision)
+        reason = runtime.missing("int8" if precision == "int8" else "export")
         if reason is None:
             kept.append(runtime)
         elif strict:
@@ -70,13 +70,12 @@ def compare_runtimes(
     checks = val_loader or [(torch.randn(8, *shape, generator=noise), None) for _ in range(4)]
     files, exports = {}, []
     for runtime in runtimes:
-        exporter = EXPORTERS.get(runtime.export_format)
         (work / runtime.name).mkdir(parents=True, exist_ok=True)
-        for precision in (p for p in precisions if p in exporter.precisions):
-            for group in batch_groups(runtime.takes, batches):
-                path, figures = export_for_backend(  # parity on 4 batches; top-1 below on them all
+        for precision in (p for p in precisions if p in runtime.precisions):
+            for group in runtime.batch_groups(batches):
+                path, figures = export_for_runtime(  # parity on 4 batches; top-1 below on them all
                     model,
-                    runtime.takes,
+                    runtime,
                     precision,
                     work / runtime.name,
                     shape,
@@ -86,7 +85,7 @@ def compare_runtimes(
                     parity_batches=4,
                     data="real images" if val_loader is not None else "random inputs",
                 )
-                name = f"{runtime.name} {precision}" + (f" b{group[0]}" if runtime.fixed_batch else "")
+                name = f"{runtime.name} {precision}{runtime.batch_label(group[0])}"
                 files[name] = (str(path), precision, group)
                 row = {"target": name, "runtime": runtime.name, "precision": precision, "file": str(path)}
                 row["size_bytes"] = runtime.file_bytes(path)

@@ -11,10 +11,11 @@ from pydantic import Field, field_validator
 from ..data.selectors import CalibrationConfig
 from ..errors import EffvisionError
 from ..recipe import StageConfig
-from ..registry import BACKENDS, EXPORTERS
+from ..registry import BACKENDS
+from ..runtimes import open_file, runtime_of_backend, runtime_of_format, runtime_of_kind
 from ..stage import StageResult, register_stage
 from .bench import add_roofline, benchmark, compare, settle_shares
-from .exporters import FP32_RELATIVE_TOLERANCE, export_verified, parity_failure
+from .verify import FP32_RELATIVE_TOLERANCE, export_verified, parity_failure
 
 
 class ExportConfig(StageConfig):
@@ -41,28 +42,26 @@ class ExportConfig(StageConfig):
     @classmethod
     def _known_format(cls, v: str | None) -> str | None:
         if v is not None:
-            EXPORTERS.get(v)
+            runtime_of_format(v)
         return v
 
 
 def export_format(ctx, cfg: ExportConfig) -> str:
     """The stage's format: its own, else that of the files the target's backend runs (a target on
     openvino-cpu ships an IR), else ONNX."""
-    from .runtimes import runtime_taking
-
     if cfg.format is not None:
         return cfg.format
     target = getattr(ctx.recipe, "target", None)
     if target is None:
         return "onnx"
-    return runtime_taking(BACKENDS.get(target.backend).takes).export_format or "onnx"
+    return runtime_of_backend(target.backend).format or "onnx"
 
 
 @register_stage("export", ExportConfig)
 def run_export(ctx, cfg: ExportConfig) -> StageResult:
     """Export the current model, verify it on validation samples, keep the figures beside it."""
     fmt = export_format(ctx, cfg)
-    suffix = EXPORTERS.get(fmt).suffix
+    suffix = runtime_of_format(fmt).suffix
     path, check = export_verified(
         ctx.model,
         fmt,
@@ -98,7 +97,6 @@ def run_evaluate(ctx, cfg: EvaluateConfig) -> StageResult:
 
     from ..data.video.views import ViewsDataset, views_accuracy
     from ..scoring import torch_predictor
-    from .runtime import onnx_predictor
 
     card, views = ctx.data.card, cfg.clips * cfg.crops
     dataset = ViewsDataset(ctx.data.val, cfg.clips, cfg.crops, card.image_size, card.mean, card.std)
@@ -106,7 +104,7 @@ def run_evaluate(ctx, cfg: EvaluateConfig) -> StageResult:
         dataset, batch_size=max(1, ctx.data.config.eval_batch_size // views), num_workers=ctx.data.config.num_workers
     )
     predict, runtime = (
-        (onnx_predictor(ctx.onnx), "onnxruntime") if ctx.onnx else (torch_predictor(ctx.model, ctx.device), "torch")
+        (open_file(ctx.onnx), "onnxruntime") if ctx.onnx else (torch_predictor(ctx.model, ctx.device), "torch")
     )
     start = time.perf_counter()
     acc, frames_per_video = views_accuracy(predict, loader)
@@ -178,75 +176,15 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
     artifacts, with a plot of the batch sweep. ONNX files (and the reference) are timed side by
     side, interleaved, on each ONNX Runtime backend; the headline comes from those rows."""
     from ..device import resolve_device
-    from ..models import count_macs
-    from .reference import NAME, headline, prepare_reference, time_against_final
+    from .reference import headline, prepare_reference, time_against_final
     from .results import plot_sweep
     from .roofline import Roofline
-    from .runtime import onnx_precision
-    from .runtimes import runtime_of_kind
 
     device = resolve_device(cfg.device)
     roofline = Roofline(device) if cfg.roofline else None
     ref = prepare_reference(ctx, device) if cfg.reference else None
-    measurements, files = [], {}  # files: backend -> {name: (path, precision, macs)}, timed together
-
-    def shape_of(stage: str) -> list[int]:  # a stage after a plan that lowered the input size takes that size
-        return ctx.records_by_name.get(stage, {}).get("input_size") or ctx.full_input_shape
-
-    for stage, kind, artifact in ctx.artifacts_to_bench(cfg.targets):
-        macs = count_macs(artifact, shape_of(stage)) if kind == "model" else ctx.records_by_name[stage].get("macs")
-        for backend in (b for b in cfg.backends if b in runtime_of_kind(kind).backends()):
-            if BACKENDS.get(backend).missing() or device.type not in BACKENDS.get(backend).supports:
-                continue
-            if kind == "onnx":
-                files.setdefault(backend, {})[stage] = (artifact, onnx_precision(artifact), macs)
-                continue
-            precisions = cfg.precisions if kind == "model" else [ctx.records_by_name[stage].get("precision", "fp32")]
-            batches = cfg.batches
-            if runtime_of_kind(kind).fixed_batch:  # a file runs the batch size it was exported for
-                batches = runtime_of_kind(kind).input_shape(artifact)[:1]
-            for precision in precisions:
-                rows = benchmark(
-                    artifact,
-                    shape_of(stage),
-                    backend,
-                    precision,
-                    batches,
-                    device,
-                    cfg.channels_last,
-                    cfg.compile_mode,
-                    cfg.warmup,
-                    cfg.repeats,
-                    cfg.threads,
-                    macs=macs,
-                    roofline=roofline,
-                )
-                measurements += [{"stage": stage, **r} for r in rows]
-    if ref is not None and ref.kind == "onnx":  # the shipped file and the reference, whatever `backends` says
-        shipped = ref.final["name"]
-        timed = files.setdefault(ref.backend, {})
-        timed.setdefault(shipped, (ctx.run_dir / ref.final["artifacts"]["onnx"], None, ref.final.get("macs")))
-        timed[NAME] = (ref.onnx, "fp32", count_macs(ref.model, ctx.full_input_shape))
-    for backend, targets in files.items():
-        on = device if device.type in BACKENDS.get(backend).supports else torch.device("cpu")
-        rows = compare(
-            {
-                n: (path, precision or onnx_precision(path), ctx.full_input_shape if n == NAME else shape_of(n))
-                for n, (path, precision, _) in targets.items()
-            },
-            ctx.input_shape,
-            backend,
-            cfg.batches,
-            on,
-            cfg.warmup,
-            cfg.repeats,
-            min(10, cfg.repeats),
-            cfg.threads,
-        )
-        order = list(targets)
-        for r in sorted(rows, key=lambda r: (order.index(r["target"]), r["batch"])):
-            name = r.pop("target")
-            measurements.append({"stage": name, **add_roofline(r, targets[name][2], roofline)})
+    measurements, files = _bench_each(ctx, cfg, device, roofline)
+    measurements += _bench_side_by_side(ctx, cfg, device, roofline, files, ref)
     if ref is not None and ref.kind != "onnx":
         measurements += time_against_final(ctx, ref, cfg.batches, device, cfg.warmup, cfg.repeats)
     if not measurements:
@@ -256,3 +194,60 @@ def run_bench(ctx, cfg: BenchConfig) -> StageResult:
     extra = {"roofline": roofline.summary() if roofline else None, "plots": [plot.name] if plot else []}
     extra.update(headline(ref, measurements, cfg.batches) if ref else {"reference": None, "headline": None})
     return ctx.bench_result(measurements, extra)
+
+
+def _shape_of(ctx, stage: str) -> list[int]:
+    """A stage's input shape (after a plan that lowered the input size, that size)."""
+    return ctx.records_by_name.get(stage, {}).get("input_size") or ctx.full_input_shape
+
+
+def _bench_each(ctx, cfg: BenchConfig, device, roofline) -> tuple[list[dict], dict]:
+    """Every artifact but the ONNX files timed on each backend asked for that runs it; and the ONNX
+    files by backend ({backend: {stage: (path, precision, macs)}}), to be timed side by side."""
+    from ..models import count_macs
+
+    measurements, files = [], {}
+    for stage, kind, artifact in ctx.artifacts_to_bench(cfg.targets):
+        runtime = runtime_of_kind(kind)
+        shape = _shape_of(ctx, stage)
+        macs = count_macs(artifact, shape) if kind == "model" else ctx.records_by_name[stage].get("macs")
+        for backend in (b for b in cfg.backends if b in runtime.backends()):
+            if BACKENDS.get(backend).missing() or device.type not in BACKENDS.get(backend).supports:
+                continue
+            if kind == "onnx":
+                files.setdefault(backend, {})[stage] = (artifact, runtime.precision(artifact), macs)
+                continue
+            precisions = cfg.precisions if kind == "model" else [ctx.records_by_name[stage].get("precision", "fp32")]
+            batches = runtime.file_batches(artifact, cfg.batches)
+            options = (device, cfg.channels_last, cfg.compile_mode, cfg.warmup, cfg.repeats, cfg.threads)
+            for precision in precisions:
+                rows = benchmark(artifact, shape, backend, precision, batches, *options, macs=macs, roofline=roofline)
+                measurements += [{"stage": stage, **r} for r in rows]
+    return measurements, files
+
+
+def _bench_side_by_side(ctx, cfg: BenchConfig, device, roofline, files: dict, ref) -> list[dict]:
+    """The ONNX files of each backend, and the reference with the shipped file where an ONNX file
+    ships (whatever `backends` says), timed interleaved in one process."""
+    from ..models import count_macs
+    from .reference import NAME
+
+    if ref is not None and ref.kind == "onnx":
+        shipped = ref.final["name"]
+        timed = files.setdefault(ref.backend, {})
+        timed.setdefault(shipped, (ctx.run_dir / ref.final["artifacts"]["onnx"], None, ref.final.get("macs")))
+        timed[NAME] = (ref.onnx, "fp32", count_macs(ref.model, ctx.full_input_shape))
+    onnx, measurements = runtime_of_kind("onnx"), []
+    for backend, targets in files.items():
+        on = device if device.type in BACKENDS.get(backend).supports else torch.device("cpu")
+        named = {
+            n: (path, precision or onnx.precision(path), ctx.full_input_shape if n == NAME else _shape_of(ctx, n))
+            for n, (path, precision, _) in targets.items()
+        }
+        timing = (cfg.batches, on, cfg.warmup, cfg.repeats, min(10, cfg.repeats), cfg.threads)
+        rows = compare(named, ctx.input_shape, backend, *timing)
+        order = list(targets)
+        for r in sorted(rows, key=lambda r: (order.index(r["target"]), r["batch"])):
+            name = r.pop("target")
+            measurements.append({"stage": name, **add_roofline(r, targets[name][2], roofline)})
+    return measurements

@@ -13,6 +13,17 @@ from pydantic import Field, PrivateAttr
 from ..recipe import Strict
 
 
+class Holdout(Strict):
+    """The training images a card's run held out (data.holdout): the decision split of every
+    compression that starts from it, which the card never saw."""
+
+    n: int = Field(..., ge=0, description="images held out")
+    of: int = Field(..., ge=0, description="the whole training split's size")
+    seed: int = Field(0, description="data.holdout_seed of the run")
+    stratified: bool = True
+    sha256: str = Field(..., description="of the held-out indices (data/decision.py): the same slice is recognised")
+
+
 class TrainedWeights(Strict):
     """Weights the project trained for this card, how, and what they scored (a test re-scores them)."""
 
@@ -24,6 +35,9 @@ class TrainedWeights(Strict):
     weights: str = Field(..., description="safetensors file, relative to the card's folder")
     sha256: str = Field(..., min_length=64, max_length=64)
     commit: Optional[str] = Field(None, description="effvision git commit of the run")
+    holdout: Optional[Holdout] = Field(
+        None, description="the training images the run held out (None: it trained on the whole training split)"
+    )
 
 
 class PackagedWeights(Strict):

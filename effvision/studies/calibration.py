@@ -9,14 +9,14 @@ from pathlib import Path
 
 import torch
 
-from ..compression.quantize import quantize_onnx
 from ..compression.selection import calibration_indices
 from ..data.selectors import CalibrationConfig, known_selector
 from ..deploy import evaluate
 from ..errors import EffvisionError
 from ..fileio import read_json
-from ..pipeline import recipe_data
 from ..progress import log
+from ..run_data import recipe_data
+from ..runtimes.onnx_int8 import quantize_onnx
 from ..stages import load_recipe
 from .common import Rows, markdown_table, mean_std
 
@@ -68,7 +68,7 @@ def calibration_study(
     rows = Rows(out_dir, {"run": str(run_dir), "model": str(model_path), "n": n, "method": method})
     with tempfile.TemporaryDirectory() as tmp:
         if fp32 is None:
-            from ..deploy.onnx_export import export_onnx
+            from ..runtimes.onnx_files import export_onnx
 
             fp32 = export_onnx(model, Path(tmp) / "fp32.onnx")
         rows.measure({"kind": "fp32"}, lambda: {"accuracy": evaluate(fp32, data.val_loader())})

@@ -158,7 +158,7 @@ def summarize(rows: list[dict], levels: list[str]) -> dict:
 
 
 def to_markdown(summary: dict) -> str:
-    from ..report import fmt_bytes
+    from ..report_text import fmt_bytes
 
     head = ["level", "training split", "of original", "decode/s (x original, same run)", "top-1 (mean ± std)"]
     rows = []

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..models import create_model
     from ..recipe import load_recipe
     from ..train import fit
-    from ..train.loop import train_batches
+    from ..train.parts import train_batches
 
     recipe = load_recipe(args.recipe, args.sets)
     stage = next(s for s in recipe.stages if s.type == "train")

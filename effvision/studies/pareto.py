@@ -206,10 +206,9 @@ def time_side_by_side(rows: list[dict], target: TargetConfig, out_dir: Path) -> 
 
     from ..compression.aim import target_device
     from ..deploy.bench import compare
-    from ..deploy.onnx_export import export_onnx
-    from ..deploy.runtime import onnx_precision
     from ..models import load_checkpoint
     from ..models.profile import input_shape
+    from ..runtimes.onnx_files import export_onnx, onnx_precision
 
     model = load_checkpoint(rows[0]["input_model"])
     shape = input_shape(model)

@@ -231,15 +231,19 @@ def share_finished_stages(trials_dir: Path, run_dir: Path) -> None:
 
 
 def measured(report: dict, recipe) -> dict:
-    """The objectives of a finished run: the shipped file's top-1 (the last stage with an
-    accuracy: a bench row carries its file's), its p50 on the bench backend at the recipe's
+    """The objectives of a finished run: the shipped file's top-1 on the decision split (its
+    reported top-1, on the validation split, beside it as val_top1), its p50 on the bench backend at the recipe's
     target batch (else the smallest benchmarked) and the speed-up over the reference."""
     rows = [s for s in report["stages"] if s.get("accuracy") is not None]
     if not rows:
         raise EffvisionError(f"{report['run_dir']}: no stage measured an accuracy")
     shipped = rows[-1]
+    decided = report.get("decision") or {}
+    if "top1" not in decided:
+        raise EffvisionError(f"{report['run_dir']}: the run scored nothing on a decision split (data.holdout)")
     out: dict[str, Any] = {
-        "top1": shipped["accuracy"],
+        "top1": decided["top1"],  # the objective: the decision split's, never the reported split's
+        "val_top1": shipped["accuracy"],
         "size": round(shipped["size_bytes"] / 1e6, 6) if shipped.get("size_bytes") else None,
         "shipped": shipped["name"],
         "evaluated_with": shipped.get("evaluated_with"),
@@ -253,7 +257,8 @@ def measured(report: dict, recipe) -> dict:
             latency_ms=head["final_p50_ms"][batch],
             speedup=head["speedups"][batch],
             reference_p50_ms=head["reference_p50_ms"][batch],
-            reference_top1=ref["accuracy"],
+            reference_top1=decided.get("reference_top1"),  # on the decision split, as top1
+            val_reference_top1=ref["accuracy"],
             accuracy_delta=head["accuracy_delta"],
             backend=head["backend"],
             batch=int(batch),
@@ -292,53 +297,32 @@ def _run(recipe, run_dir: Path, deadline_s: float = 3600.0) -> dict:
             time.sleep(2)
 
 
-def run_worker(s: SearchSettings) -> dict:
-    """Run trials until the study holds `trials` finished ones (or --timeout); returns the tally."""
-    import optuna
-    from optuna.trial import TrialState
+class _Objective:
+    """One trial: the recipe with the trial's values, run (resuming what another trial with the
+    same values finished), and its objectives measured; what happened is kept in `current`."""
 
-    storage = open_storage(s.storage_url, s.heartbeat_s)
-    study = open_study(s, storage)
-    s.out_dir.mkdir(parents=True, exist_ok=True)
-    trials_dir = s.out_dir / "trials"
-    host, cpu = socket.gethostname(), cpu_label()
-    tally = WorkerTally()
-    started = time.monotonic()
-    live = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-    stopped: list[BaseException] = []
-    current: dict[str, int] = {}
+    def __init__(self, s: SearchSettings, study, trials_dir: Path):
+        from optuna.trial import TrialState
 
-    def objective(trial) -> list[float]:
+        self.s, self.study, self.trials_dir = s, study, trials_dir
+        self.host, self.cpu = socket.gethostname(), cpu_label()
+        self.live = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+        self.stopped: list[BaseException] = []
+        self.current: dict[str, int] = {}
+
+    def __call__(self, trial) -> list[float]:
+        from optuna.trial import TrialState
+
+        s, current = self.s, self.current
         current["number"] = trial.number
         values = {d.key: d.suggest(trial) for d in s.dims}
-        ahead = [t for t in study.get_trials(deepcopy=False, states=live) if t.number < trial.number]
+        ahead = [t for t in self.study.get_trials(deepcopy=False, states=self.live) if t.number < trial.number]
         if len(ahead) >= s.trials:
             trial.set_user_attr("surplus", True)
             raise Surplus()
-        raw = s.raw
-        for key, value in values.items():
-            raw = with_value(raw, key, value, f"--space {key}")
-        run_dir = trials_dir / trial_folder(values)
-        trial.set_user_attr("run_dir", str(run_dir))
-        trial.set_user_attr("host", host)
-        trial.set_user_attr("pid", os.getpid())
-        trial.set_user_attr("cpu", cpu)
-        shown = " ".join(f"{k}={_short(v)}" for k, v in values.items())
-        log(f"[bold]trial {trial.number}[/] ({host}, pid {os.getpid()}): {shown} -> {run_dir}")
-        try:
-            recipe = recipe_from_raw(raw, s.recipe_file)
-            share_finished_stages(trials_dir, run_dir)
-            report = _run(recipe, run_dir)
-            got = measured(report, recipe)
-        except WriteFailed:
-            raise
-        except EffvisionError as exc:
-            trial.set_user_attr("error", str(exc))
-            raise TrialFailed(str(exc)) from None
-        except (Interrupted, KeyboardInterrupt) as stop:
-            stopped.append(stop)
-            raise TrialStopped() from None
-        if _trial(study, trial.number).state != TrialState.RUNNING:
+        run_dir = self.trials_dir / trial_folder(values)
+        got, recipe = self._run(trial, values, run_dir)
+        if _trial(self.study, trial.number).state != TrialState.RUNNING:
             current["taken_over"] = True  # another worker failed it meanwhile (its heartbeat came late)
             raise TrialFailed("taken over")
         for key, value in got.items():
@@ -350,7 +334,40 @@ def run_worker(s: SearchSettings) -> dict:
         current["returned"] = True
         return [float(got[o]) for o in s.objectives]
 
-    waiting_said = False
+    def _run(self, trial, values: dict, run_dir: Path):
+        raw = self.s.raw
+        for key, value in values.items():
+            raw = with_value(raw, key, value, f"--space {key}")
+        for key, value in (("run_dir", str(run_dir)), ("host", self.host), ("pid", os.getpid()), ("cpu", self.cpu)):
+            trial.set_user_attr(key, value)
+        shown = " ".join(f"{k}={_short(v)}" for k, v in values.items())
+        log(f"[bold]trial {trial.number}[/] ({self.host}, pid {os.getpid()}): {shown} -> {run_dir}")
+        try:
+            recipe = recipe_from_raw(raw, self.s.recipe_file)
+            recipe._decided_by = "search"  # trials are chosen by their top-1: on a decision split
+            share_finished_stages(self.trials_dir, run_dir)
+            return measured(_run(recipe, run_dir), recipe), recipe
+        except WriteFailed:
+            raise
+        except EffvisionError as exc:
+            trial.set_user_attr("error", str(exc))
+            raise TrialFailed(str(exc)) from None
+        except (Interrupted, KeyboardInterrupt) as stop:
+            self.stopped.append(stop)
+            raise TrialStopped() from None
+
+
+def run_worker(s: SearchSettings) -> dict:
+    """Run trials until the study holds `trials` finished ones (or --timeout); returns the tally."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = open_storage(s.storage_url, s.heartbeat_s)
+    study = open_study(s, storage)
+    s.out_dir.mkdir(parents=True, exist_ok=True)
+    objective = _Objective(s, study, s.out_dir / "trials")
+    current = objective.current
+    tally, started, waiting_said = WorkerTally(), time.monotonic(), False
     while True:
         with warnings.catch_warnings():  # Optuna marks the function experimental; its behaviour is what we need
             warnings.simplefilter("ignore")
@@ -377,7 +394,7 @@ def run_worker(s: SearchSettings) -> dict:
             study.optimize(objective, n_trials=1, catch=(Surplus, TrialFailed))
         except TrialStopped:
             _retry_later(study, _trial(study, current.get("number")))
-            raise stopped[0] from None
+            raise objective.stopped[0] from None
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             # another worker failed this trial while it ran (its heartbeat came late) and queued its
             # values again; Optuna then refuses to record it. What this worker measured is not
@@ -389,23 +406,29 @@ def run_worker(s: SearchSettings) -> dict:
                 "its values run again[/]"
             )
             continue
-        trial = _trial(study, current.get("number"))
-        if trial is None or trial.user_attrs.get("surplus"):
-            continue
-        if trial.state == TrialState.COMPLETE:
-            tally.ran += 1
-            tally.failed_in_a_row = 0
-            got = ", ".join(f"{o} {_short(v)}" for o, v in zip(s.objectives, trial.values, strict=True))
-            now = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-            log(f"trial {trial.number} finished: {got} ({now}/{s.trials} finished in the study)")
-        else:
-            tally.failed += 1
-            tally.failed_in_a_row += 1
-            error = trial.user_attrs.get("error", "failed")
-            log(f"[yellow]trial {trial.number} failed: {error}[/]")
-            if tally.failed_in_a_row >= MAX_FAILURES_IN_A_ROW:
-                raise EffvisionError(f"{tally.failed_in_a_row} trials in a row failed; the last: {error}")
+        _count(study, _trial(study, current.get("number")), s, tally)
     return {"study": study, "tally": tally}
+
+
+def _count(study, trial, s: SearchSettings, tally: WorkerTally) -> None:
+    """A trial this worker ran, finished or failed, into the tally (too many failures in a row stop it)."""
+    from optuna.trial import TrialState
+
+    if trial is None or trial.user_attrs.get("surplus"):
+        return
+    if trial.state == TrialState.COMPLETE:
+        tally.ran += 1
+        tally.failed_in_a_row = 0
+        got = ", ".join(f"{o} {_short(v)}" for o, v in zip(s.objectives, trial.values, strict=True))
+        now = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        log(f"trial {trial.number} finished: {got} ({now}/{s.trials} finished in the study)")
+        return
+    tally.failed += 1
+    tally.failed_in_a_row += 1
+    error = trial.user_attrs.get("error", "failed")
+    log(f"[yellow]trial {trial.number} failed: {error}[/]")
+    if tally.failed_in_a_row >= MAX_FAILURES_IN_A_ROW:
+        raise EffvisionError(f"{tally.failed_in_a_row} trials in a row failed; the last: {error}")
 
 
 def _trial(study, number: Optional[int]):

@@ -33,7 +33,7 @@ def retime(rows: list[dict], warmup: int = 10, repeats: int = 60, rounds: int = 
     """Adds `p50_side_by_side` and `speedup_side_by_side` to the rows it could time; trials with
     the same reference file are timed in one interleaved run with it (their backend and batch)."""
     from ..deploy.bench import compare
-    from ..deploy.runtime import onnx_input_shape, onnx_precision
+    from ..runtimes.onnx_files import onnx_input_shape, onnx_precision
 
     groups: dict[tuple, list[tuple[dict, Path]]] = {}
     references: dict[tuple, Path] = {}

@@ -20,9 +20,9 @@ from ..compression.selection import ProxyConfig, score
 from ..data.selectors import Signals, resolve_budget, select
 from ..errors import EffvisionError
 from ..fileio import atomic_write
-from ..pipeline import recipe_data
 from ..progress import log
 from ..recipe import Recipe
+from ..run_data import recipe_data
 from ..train.loop import fit
 from .common import Rows, markdown_table, mean_std, plot_curves
 
@@ -35,23 +35,13 @@ def selection_study(
     recipe: Recipe, methods: list[str], budgets: list, seeds: int, out_dir: Path, device: torch.device
 ) -> dict:
     from ..models import create_model
-    from ..registry import SELECTORS
 
     train_cfg = _stage(recipe, "train")
     if train_cfg is None:
         raise EffvisionError(
             f"{recipe._source}: a selection study trains with the recipe's train stage; the recipe has none"
         )
-    for m in methods:  # unknown selectors and options stop here, before any training
-        name, options = parse_method(m)
-        unknown = set(options) - set(SELECTORS.get(name).options())
-        if unknown:
-            raise EffvisionError(
-                f"method '{m}': selector '{name}' has no option {', '.join(sorted(unknown))} "
-                f"(options: {', '.join(SELECTORS.get(name).options()) or 'none'})"
-            )
-    if "random" not in methods:
-        methods = ["random", *methods]
+    methods = _checked(methods)
     select_cfg = _stage(recipe, "select")
     proxy = select_cfg.proxy if select_cfg else ProxyConfig()
     data = recipe_data(recipe)
@@ -79,36 +69,7 @@ def selection_study(
     for seed in range(recipe.seed, recipe.seed + seeds):
         log(f"[bold]seed {seed}[/]: full training split ({len(data.train)} samples)")
         rows.measure({"kind": "full", "seed": seed}, lambda seed=seed: train_on(data, seed))
-        signals = None
-        cached = Path(out_dir) / f"signals-seed{seed}.npz"
-        needs_scoring = any(
-            rows.get(kind="subset", method=m, budget=b, seed=seed) is None for m in methods for b in budgets
-        )
-        if needs_scoring and rows.get(kind="scoring", seed=seed) and cached.is_file():
-            signals = load_signals(cached)  # the proxy of an earlier (or stopped) run of this study
-        elif needs_scoring or rows.get(kind="scoring", seed=seed) is None:
-            start = time.perf_counter()
-            scored = score(
-                data,
-                [parse_method(m)[0] for m in methods],
-                proxy,
-                lambda seed=seed: fresh_model(seed + 10_000),
-                device,
-                seed,
-                label=f"proxy (seed {seed})",
-            )
-            signals = scored.signals
-            save_signals(cached, signals)
-            rows.rows = [r for r in rows.rows if not (r["kind"] == "scoring" and r["seed"] == seed)]
-            rows.measure(
-                {"kind": "scoring", "seed": seed},
-                lambda scored=scored, start=start: {
-                    "proxy_train_s": round(scored.proxy_train_s, 3),
-                    "scoring_s": round(scored.scoring_s, 3),
-                    "wall_s": round(time.perf_counter() - start, 3),
-                    "proxy_accuracy": scored.proxy_accuracy,
-                },
-            )
+        signals = _signals(rows, Path(out_dir), data, methods, budgets, proxy, fresh_model, device, seed)
         for method in methods:
             for budget in budgets:
 
@@ -124,19 +85,67 @@ def selection_study(
                     }
 
                 rows.measure({"kind": "subset", "method": method, "budget": budget, "seed": seed}, run)
+    return _summarized(rows, recipe, methods, budgets, seeds, Path(out_dir))
+
+
+def _checked(methods: list[str]) -> list[str]:
+    """The methods, random first; unknown selectors and options stop here, before any training."""
+    from ..registry import SELECTORS
+
+    for m in methods:
+        name, options = parse_method(m)
+        unknown = set(options) - set(SELECTORS.get(name).options())
+        if unknown:
+            raise EffvisionError(
+                f"method '{m}': selector '{name}' has no option {', '.join(sorted(unknown))} "
+                f"(options: {', '.join(SELECTORS.get(name).options()) or 'none'})"
+            )
+    return methods if "random" in methods else ["random", *methods]
+
+
+def _signals(rows, out_dir: Path, data, methods, budgets, proxy, fresh_model, device, seed: int):
+    """The proxy's per-sample signals for one seed: an earlier (or stopped) run's where kept, else
+    scored now and saved; None when every subset of the seed is measured already."""
+    cached = out_dir / f"signals-seed{seed}.npz"
+    needs_scoring = any(
+        rows.get(kind="subset", method=m, budget=b, seed=seed) is None for m in methods for b in budgets
+    )
+    if needs_scoring and rows.get(kind="scoring", seed=seed) and cached.is_file():
+        return load_signals(cached)
+    if not (needs_scoring or rows.get(kind="scoring", seed=seed) is None):
+        return None
+    start = time.perf_counter()
+    names = [parse_method(m)[0] for m in methods]
+    scored = score(data, names, proxy, lambda: fresh_model(seed + 10_000), device, seed, label=f"proxy (seed {seed})")
+    save_signals(cached, scored.signals)
+    rows.rows = [r for r in rows.rows if not (r["kind"] == "scoring" and r["seed"] == seed)]
+    rows.measure(
+        {"kind": "scoring", "seed": seed},
+        lambda: {
+            "proxy_train_s": round(scored.proxy_train_s, 3),
+            "scoring_s": round(scored.scoring_s, 3),
+            "wall_s": round(time.perf_counter() - start, 3),
+            "proxy_accuracy": scored.proxy_accuracy,
+        },
+    )
+    return scored.signals
+
+
+def _summarized(rows, recipe: Recipe, methods, budgets, seeds: int, out_dir: Path) -> dict:
+    """The summary, saved with the rows, its plot and its markdown table."""
     summary = summarize(rows.rows, methods, budgets)
     rows.save(summary=summary)
     curves = {m: [(float(b), *summary["accuracy"][m][str(b)]) for b in budgets] for m in methods}
     full = summary["full"]
     plot_curves(
-        Path(out_dir) / "selection.png",
+        out_dir / "selection.png",
         curves,
         "budget (fraction of the training split)",
         "top-1 accuracy",
         f"{recipe.data.name}: coreset selection, mean ± std over {seeds} seeds",
         reference=(f"all data ({full[0]:.3f})", full[0]),
     )
-    (Path(out_dir) / "selection.md").write_text(to_markdown(summary, methods, budgets, seeds) + "\n")
+    (out_dir / "selection.md").write_text(to_markdown(summary, methods, budgets, seeds) + "\n")
     return summary
 
 

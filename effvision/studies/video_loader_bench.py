@@ -178,10 +178,10 @@ def memory_dataset(clips: str, backend: str, frames: int, size: int, sampler: st
         return VideoDataset(
             [(p, 0) for p in files], ["video"], get_sampler(sampler, frames), size, train=True, backend=backend
         )
-    from ..data import _parent, load_dataset
+    from ..data import load_dataset, root_dataset
     from ..recipe import DataConfig
 
-    train = _parent(load_dataset(DataConfig(name=clips, num_frames=frames, sampler=sampler)).train)
+    train = root_dataset(load_dataset(DataConfig(name=clips, num_frames=frames, sampler=sampler)).train)
     return VideoDataset(train.samples, train.classes, train.sampler, train.short_side, train=True, backend=backend)
 
 

@@ -143,8 +143,8 @@ def _child(
     import faulthandler
     import warnings
 
-    from ..deploy.runtimes import runtime_named
     from ..fileio import write_json, write_text
+    from ..runtimes import runtime_named
 
     warnings.simplefilter("ignore")  # torch-pruning's and the exporter's notes would bury the table
 
@@ -305,7 +305,7 @@ def to_markdown(
     runtimes: list[str] = (),
     notes: list[str] = (),
 ) -> str:
-    from ..deploy.exporters import FP32_RELATIVE_TOLERANCE
+    from ..deploy.verify import FP32_RELATIVE_TOLERANCE
 
     passed = sum(r.ok for r in rows)
     optional = {"openvino": "openvino", "litert": "ai-edge-litert", "executorch": "executorch"}
@@ -344,7 +344,22 @@ def to_markdown(
             + "".join(f" {note}." for note in notes),
             "",
         ]
+    lines += _table_lines(rows, list(runtimes))
     lines += [
+        "",
+        "MACs are torch-pruning's count of module operations: matrix products written as functions "
+        "(attention scores) are not in it, so hybrid models count low. A large max diff with a small relative one is "
+        "a model whose random-weight logits are huge: MobileOne's train-time branches (several convolutions and an "
+        "identity, each with batch norm at unit variance) add up in every block, so its logits reach 1e8 and more "
+        "before any training; rounding is then large in absolute terms and still 1e-7 of the scale.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _table_lines(rows: list[Conformance], runtimes: list[str]) -> list[str]:
+    """The table, a row per model and a column per runtime, and why each runtime failed."""
+    lines = [
         "| model | params (M) | pruned (M) | MACs (G) | pruned MACs (G) | parity max diff | relative | top-1 agree "
         + "".join(f"| {name} " for name in runtimes)
         + "| result | failing step: reason | s |",
@@ -371,16 +386,7 @@ def to_markdown(
     ]
     if failures:
         lines += ["", "Why a runtime failed:", "", *failures]
-    lines += [
-        "",
-        "MACs are torch-pruning's count of module operations: matrix products written as functions "
-        "(attention scores) are not in it, so hybrid models count low. A large max diff with a small relative one is "
-        "a model whose random-weight logits are huge: MobileOne's train-time branches (several convolutions and an "
-        "identity, each with batch norm at unit variance) add up in every block, so its logits reach 1e8 and more "
-        "before any training; rounding is then large in absolute terms and still 1e-7 of the scale.",
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 def write_compat(

@@ -4,7 +4,7 @@ create -> forward (shape, finite) -> backward (every trainable parameter gets a 
 prune -> forward -> ONNX export -> ONNX Runtime parity -> int8 quantize -> int8 runs; then, given
 other runtimes (OpenVINO, LiteRT, ExecuTorch), the pruned model as each one's fp32 file, judged the
 same way (a runtime's failure is its own column, not the row's).
-Parity is judged as the export stage judges it (deploy.exporters.parity_failure): the largest
+Parity is judged as the export stage judges it (deploy.verify.parity_failure): the largest
 difference relative to the logits' scale, and top-1 agreement, on real photographs where the
 model takes images (scikit-learn ships two), random inputs elsewhere.
 The zoo's test suite and `effvision zoo compat` (docs/compat.md) both run it, so a table row and a
@@ -110,16 +110,10 @@ def run_conformance(
     """Run every step; stop at the first failure and record which step failed and why (one line).
     Parity: max |onnx - torch| <= relative_tolerance * max |torch| on the pruned model's logits
     (default the export stage's), and the same top-1 on every input. `on_step(name)` is called as
-    each step starts (a supervisor that kills a stuck run reads it). `runtimes` (deploy.runtimes
+    each step starts (a supervisor that kills a stuck run reads it). `runtimes` (runtimes/
     objects) each get the pruned model as their fp32 file, judged the same way, once the pruned
     model runs; `on_row(result)` is called before the first and after each (a row so far)."""
-    from ..compression import prune
-    from ..compression.quantize import quantize_onnx
-    from ..deploy import export_onnx
-    from ..deploy.exporters import FP32_RELATIVE_TOLERANCE, parity, parity_failure
-    from ..deploy.runtime import ort_session, run_session
-    from ..models.builder import create_model
-    from ..models.profile import count_macs, count_params
+    from ..deploy.verify import FP32_RELATIVE_TOLERANCE
 
     result = Conformance(name, list(input_size))
     start = time.perf_counter()
@@ -128,78 +122,15 @@ def run_conformance(
     tolerance = relative_tolerance or FP32_RELATIVE_TOLERANCE
     inputs = real_images(input_size, 6)
     batch = torch.cat([x, x, x]) if inputs is None else inputs  # a batch size other than the export's
-    step = "create"
-    _announce(on_step, step)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        row = _Row(result, x, batch, num_classes, prune_ratio, tolerance, calibration_samples, Path(tmp))
+        row.name, row.model_kwargs = name, model_kwargs
+        step = STEPS[0]
         try:
-            model = create_model(name, num_classes=num_classes, input_size=list(input_size), **model_kwargs)
-            result.params, result.macs = count_params(model), count_macs(model, list(input_size))
-            result.passed.append(step)
-
-            step = "forward"
-            _announce(on_step, step)
-            model.train()
-            out = model(x)
-            _check_output(out, 2, num_classes, step)
-            if hasattr(model, "forward_features") and hasattr(model, "forward_head"):  # the model contract's two halves
-                _check_output(model.forward_head(model.forward_features(x)), 2, num_classes, step)
-            result.passed.append(step)
-
-            step = "backward"
-            _announce(on_step, step)
-            out.float().pow(2).mean().backward()
-            missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
-            if missing:
-                raise StepFailed(step, f"{len(missing)} parameters get no gradient (e.g. {missing[0]})")
-            model.zero_grad(set_to_none=True)
-            result.passed.append(step)
-
-            step = "prune"
-            _announce(on_step, step)
-            prune(model, prune_ratio)
-            result.pruned_params, result.pruned_macs = count_params(model), count_macs(model, list(input_size))
-            if result.pruned_params >= result.params:
-                raise StepFailed(step, "no channel was removed")
-            result.passed.append(step)
-
-            step = "pruned forward"
-            _announce(on_step, step)
-            model.eval()
-            with torch.inference_mode():
-                ref = model(x)
-            _check_output(ref, 2, num_classes, step)
-            if hasattr(model, "reset_classifier"):  # the model contract holds on the pruned model
-                clone = copy.deepcopy(model)
-                clone.reset_classifier(3)
-                with torch.inference_mode():
-                    _check_output(clone(x), 2, 3, step)
-            result.passed.append(step)
-
-            step = "export"
-            _announce(on_step, step)
-            onnx_path = export_onnx(model, Path(tmp) / "model.onnx", shape=list(input_size))
-            result.passed.append(step)
-
-            step = "parity"
-            _announce(on_step, step)
-            session = ort_session(onnx_path)
-            # parity checks the output's shape too: a batch size other than the export's
-            check = parity(model, lambda a: run_session(session, a), [(batch, None)])
-            result.parity_error, result.parity_relative = check["max_abs_diff"], check["relative_diff"]
-            result.parity_agreement = check["top1_agreement"]
-            failure = parity_failure(check, "fp32", tolerance, min_agreement=1.0)
-            if failure:
-                raise StepFailed(step, failure)
-            result.passed.append(step)
-
-            step = "int8"
-            _announce(on_step, step)
-            calib = [(torch.randn(calibration_samples, *input_size),)]
-            int8_path = quantize_onnx(onnx_path, Path(tmp) / "model.int8.onnx", calib, method="minmax")
-            got = run_session(ort_session(int8_path), x)
-            if got.shape != (2, num_classes) or not np.isfinite(got).all():
-                raise StepFailed(step, f"int8 model gave shape {got.shape}, finite={bool(np.isfinite(got).all())}")
-            result.passed.append(step)
+            for step in STEPS:
+                _announce(on_step, step)
+                getattr(row, step.replace(" ", "_"))()
+                result.passed.append(step)
         except StepFailed as exc:
             result.failed_step, result.reason = exc.step, exc.reason
         except Exception as exc:  # noqa: BLE001  (any failure is a row in the table, with its reason)
@@ -210,11 +141,102 @@ def run_conformance(
                 on_row(result)
             for runtime in runtimes:
                 _announce(on_step, f"runtime {runtime.name}")
-                result.runtimes[runtime.name] = runtime_parity(model, runtime, input_size, batch, Path(tmp), tolerance)
+                result.runtimes[runtime.name] = runtime_parity(
+                    row.model, runtime, input_size, batch, Path(tmp), tolerance
+                )
                 result.seconds = round(time.perf_counter() - start, 2)
                 if on_row is not None:
                     on_row(result)
     return result
+
+
+class _Row:
+    """The steps of one model's row, in STEPS order, each a method of the step's name; a failing
+    step raises (StepFailed with its reason, or whatever broke)."""
+
+    def __init__(self, result, x, batch, num_classes, prune_ratio, tolerance, calibration_samples, tmp: Path):
+        self.result, self.x, self.batch, self.num_classes = result, x, batch, num_classes
+        self.prune_ratio, self.tolerance, self.calibration_samples, self.tmp = (
+            prune_ratio,
+            tolerance,
+            calibration_samples,
+            tmp,
+        )
+        self.input_size = list(result.input_size)
+
+    def create(self) -> None:
+        from ..models.builder import create_model
+        from ..models.profile import count_macs, count_params
+
+        kw = self.model_kwargs
+        self.model = create_model(self.name, num_classes=self.num_classes, input_size=self.input_size, **kw)
+        self.result.params, self.result.macs = count_params(self.model), count_macs(self.model, self.input_size)
+
+    def forward(self) -> None:
+        model, x = self.model, self.x
+        model.train()
+        self.out = model(x)
+        _check_output(self.out, 2, self.num_classes, "forward")
+        if hasattr(model, "forward_features") and hasattr(model, "forward_head"):  # the model contract's two halves
+            _check_output(model.forward_head(model.forward_features(x)), 2, self.num_classes, "forward")
+
+    def backward(self) -> None:
+        self.out.float().pow(2).mean().backward()
+        missing = [n for n, p in self.model.named_parameters() if p.requires_grad and p.grad is None]
+        if missing:
+            raise StepFailed("backward", f"{len(missing)} parameters get no gradient (e.g. {missing[0]})")
+        self.model.zero_grad(set_to_none=True)
+
+    def prune(self) -> None:
+        from ..compression import prune
+        from ..models.profile import count_macs, count_params
+
+        r = self.result
+        prune(self.model, self.prune_ratio)
+        r.pruned_params, r.pruned_macs = count_params(self.model), count_macs(self.model, self.input_size)
+        if r.pruned_params >= r.params:
+            raise StepFailed("prune", "no channel was removed")
+
+    def pruned_forward(self) -> None:
+        model = self.model
+        model.eval()
+        with torch.inference_mode():
+            ref = model(self.x)
+        _check_output(ref, 2, self.num_classes, "pruned forward")
+        if hasattr(model, "reset_classifier"):  # the model contract holds on the pruned model
+            clone = copy.deepcopy(model)
+            clone.reset_classifier(3)
+            with torch.inference_mode():
+                _check_output(clone(self.x), 2, 3, "pruned forward")
+
+    def export(self) -> None:
+        from ..runtimes.onnx_files import export_onnx
+
+        self.onnx_path = export_onnx(self.model, self.tmp / "model.onnx", shape=self.input_size)
+
+    def parity(self) -> None:
+        from ..deploy.verify import parity, parity_failure
+        from ..runtimes import open_file
+
+        # parity checks the output's shape too: a batch size other than the export's
+        check = parity(self.model, open_file(self.onnx_path), [(self.batch, None)])
+        r = self.result
+        r.parity_error, r.parity_relative = check["max_abs_diff"], check["relative_diff"]
+        r.parity_agreement = check["top1_agreement"]
+        failure = parity_failure(check, "fp32", self.tolerance, min_agreement=1.0)
+        if failure:
+            raise StepFailed("parity", failure)
+
+    def int8(self) -> None:
+        from ..runtimes import open_file, runtime_named
+
+        calib = [(torch.randn(self.calibration_samples, *self.input_size),)]
+        int8 = runtime_named("onnxruntime").quantize(
+            self.onnx_path, self.tmp / "model.int8.onnx", calib, method="minmax"
+        )
+        got = open_file(int8)(self.x)
+        if got.shape != (2, self.num_classes) or not np.isfinite(got).all():
+            raise StepFailed("int8", f"int8 model gave shape {got.shape}, finite={bool(np.isfinite(got).all())}")
 
 
 def runtime_parity(
@@ -222,15 +244,14 @@ def runtime_parity(
 ) -> dict:
     """The model as `runtime`'s fp32 file, run on `batch` in that runtime and judged as the ONNX
     file is: {"ok", "reason", "relative", "agreement", "seconds"}."""
-    from ..deploy.exporters import export_verified, parity_failure
-    from ..registry import EXPORTERS
+    from ..deploy.verify import export_verified, parity_failure
 
     start = time.perf_counter()
-    path = folder / runtime.name / f"model{EXPORTERS.get(runtime.export_format).suffix}"
+    path = folder / runtime.name / f"model{runtime.suffix}"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         _, check = export_verified(
-            model, runtime.export_format, "fp32", path, list(input_size), None, [(batch, None)], batch=len(batch)
+            model, runtime.format, "fp32", path, list(input_size), None, [(batch, None)], batch=len(batch)
         )
     except Exception as exc:  # noqa: BLE001  (the runtime's refusal is its cell in the table)
         return {"ok": False, "reason": one_line(exc, 240), "seconds": round(time.perf_counter() - start, 1)}

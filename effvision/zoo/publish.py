@@ -73,6 +73,9 @@ def publish(run_dir: str | Path, stage: str, card_name: str | None = None, half:
         "sha256": sha256_of(path),
         "commit": env.get("git_sha"),
     }
+    held = (report.get("dataset") or {}).get("decision")
+    if held:  # the images the run never trained on: the decision split of compressions that start here
+        block["holdout"] = {k: held[k] for k in ("n", "of", "seed", "stratified", "sha256")}
     return path, block
 
 
@@ -96,7 +99,7 @@ def score_trained(card, overrides: list[str] | None = None) -> float:
     """Top-1 of a card's trained weights (sha256-checked) on the split its recipe validates on,
     rebuilt the way the recipe built it: what the card's `accuracy` claims, measured again."""
     from ..models.builder import create_model
-    from ..pipeline import recipe_data
+    from ..run_data import recipe_data
     from ..scoring import accuracy, torch_predictor
     from ..stages import load_recipe
 

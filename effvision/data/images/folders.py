@@ -49,11 +49,11 @@ def decode_image(data: bytes) -> torch.Tensor:
             raise ValueError("not an image Pillow can read (unknown format or damaged header)") from None
         with img:
             img.load()
-            arr = _rgb8(img)
+            arr = rgb8(img)
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
 
 
-def _rgb8(img: Image.Image) -> np.ndarray:
+def rgb8(img: Image.Image) -> np.ndarray:
     """H x W x 3 uint8. Gray, gray+alpha, palette, CMYK and RGBA convert as Pillow does; 16-bit
     and 32-bit gray are scaled down (Pillow's own conversion clips them to white)."""
     if img.mode.startswith("I;16"):

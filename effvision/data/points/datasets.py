@@ -34,8 +34,8 @@ from .io import PointCloudError, guess_bin_width, is_point_file, read_points
 from .samplers import (
     FarthestPointSampler,
     PointSampler,
-    _fill,
     farthest_point_indices,
+    fill_sampled,
     get_point_sampler,
     normalize_unit_sphere,
 )
@@ -56,7 +56,7 @@ def prepare_cloud(path: Path, card, seed: int = 0) -> tuple[np.ndarray, int]:
     idx = (
         farthest_point_indices(points, card.cache_points) if len(points) > card.cache_points else np.arange(len(points))
     )
-    return _fill(points, idx, card.cache_points, np.random.default_rng(seed)).points, len(points)
+    return fill_sampled(points, idx, card.cache_points, np.random.default_rng(seed)).points, len(points)
 
 
 class PointCloudDataset(torch.utils.data.Dataset):

@@ -25,7 +25,7 @@ def is_point_file(name: str) -> bool:
     return Path(name).suffix.lower() in POINT_EXTS
 
 
-def _open3d():
+def open3d_module():
     try:
         import open3d as o3d
     except (ImportError, OSError) as exc:  # OSError: libusb-1.0 missing
@@ -41,7 +41,7 @@ def _sample_mesh(path: Path, vertices: np.ndarray, triangles: np.ndarray, n: int
     """n points uniformly on the surface (area-weighted); a mesh without faces gives its vertices."""
     if len(triangles) == 0:
         return vertices.astype(np.float32)
-    o3d = _open3d()
+    o3d = open3d_module()
     mesh = o3d.geometry.TriangleMesh(
         o3d.utility.Vector3dVector(vertices.astype(np.float64)), o3d.utility.Vector3iVector(triangles.astype(np.int32))
     )
@@ -201,7 +201,7 @@ def _check_ply(path: Path) -> None:
 
 
 def _open3d_file(path: Path, mesh_points: int, seed: int) -> np.ndarray:
-    o3d = _open3d()
+    o3d = open3d_module()
     _check_complete(path)
     if path.suffix.lower() in (".obj", ".stl", ".ply"):
         mesh = o3d.io.read_triangle_mesh(str(path))
@@ -277,7 +277,7 @@ def describe(path: str | Path, bin_width: int | None = None) -> dict:
             verts, faces = read_off(path)
         else:
             _check_complete(path)
-            mesh = _open3d().io.read_triangle_mesh(str(path))
+            mesh = open3d_module().io.read_triangle_mesh(str(path))
             verts, faces = np.asarray(mesh.vertices), np.asarray(mesh.triangles)
         if len(faces):
             return {"points": len(verts), "channels": 3, "mesh": True, "faces": len(faces)}

@@ -33,16 +33,16 @@ def farthest_point_indices(xyz: np.ndarray, k: int, start: int = 0) -> np.ndarra
     """Indices of k points, each the farthest from those chosen before, by open3d's
     farthest_point_down_sample (15-25x faster than a NumPy loop, BENCHMARKS.md). open3d returns
     points, not indices: the indices ride along as the cloud's normals and come back exactly."""
-    from .io import _open3d
+    from .io import open3d_module
 
-    o3d = _open3d()
+    o3d = open3d_module()
     cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz[:, :3], dtype=np.float64)))
     cloud.normals = o3d.utility.Vector3dVector(np.repeat(np.arange(len(xyz), dtype=np.float64)[:, None], 3, axis=1))
     picked = cloud.farthest_point_down_sample(min(k, len(xyz)), start)
     return np.asarray(picked.normals)[:, 0].astype(np.int64)
 
 
-def _fill(points: np.ndarray, idx: np.ndarray, n: int, rng: np.random.Generator) -> Sampled:
+def fill_sampled(points: np.ndarray, idx: np.ndarray, n: int, rng: np.random.Generator) -> Sampled:
     """Exactly n points from the chosen indices, repeating random ones when there are fewer."""
     kept = len(idx)
     if kept < n:
@@ -69,7 +69,7 @@ class PointSampler:
 
     def __call__(self, points: np.ndarray, train: bool = False, rng: np.random.Generator | None = None) -> Sampled:
         rng = rng or np.random.default_rng(0)
-        return _fill(points, self.indices(points, train, rng), self.num_points, rng)
+        return fill_sampled(points, self.indices(points, train, rng), self.num_points, rng)
 
 
 def coarse_to_fine(xyz: np.ndarray, idx: np.ndarray, smallest: int = 16) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...errors import EffvisionError
 from ..generated import write_once
-from .io import _open3d
+from .io import open3d_module
 from .transforms import rotation_about
 
 CLASSES = ["arrow", "box", "cone", "cylinder", "octahedron", "sphere", "tetrahedron", "torus"]
@@ -24,7 +24,7 @@ VERSION = 1
 
 
 def _mesh(name: str, rng: np.random.Generator):
-    make = _open3d().geometry.TriangleMesh
+    make = open3d_module().geometry.TriangleMesh
     if name == "arrow":
         return make.create_arrow(
             cylinder_radius=rng.uniform(0.1, 0.2),
@@ -62,7 +62,7 @@ def _rotation(rng: np.random.Generator) -> np.ndarray:
 
 def render_shape(label: int, rng: np.random.Generator, points: int = 2048) -> np.ndarray:
     """(points, 3) float32 of one sample of class `label`."""
-    o3d = _open3d()
+    o3d = open3d_module()
     mesh = _mesh(CLASSES[label], rng)
     verts = np.asarray(mesh.vertices)
     verts = (verts - verts.mean(axis=0)) * rng.uniform(0.6, 1.4, 3)
@@ -81,7 +81,7 @@ def render_shape(label: int, rng: np.random.Generator, points: int = 2048) -> np
 
 
 def write_ply(path: Path, cloud: np.ndarray) -> None:
-    o3d = _open3d()
+    o3d = open3d_module()
     pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(cloud.astype(np.float64)))
     if not o3d.io.write_point_cloud(str(path), pcd, write_ascii=False):
         raise EffvisionError(f"could not write {path}")

@@ -18,7 +18,9 @@ from torch import nn
 
 from ..errors import EffvisionError
 from ..fileio import atomic_write
-from .onnx_export import describe_export_failure, refuse_unexportable
+from ..registry import RUNTIMES
+from .base import Runtime, Session, Target
+from .onnx_files import describe_export_failure, refuse_unexportable
 
 
 def executorch_missing() -> str | None:
@@ -128,3 +130,35 @@ def pte_predictor(path: str | Path, exact: bool = False):
         return np.concatenate(outs)[: len(t)]
 
     return run
+
+
+@RUNTIMES.register("executorch")
+class Executorch(Runtime):
+    kind, suffix, format, describes, label = "pte", ".pte", "executorch", "an ExecuTorch program", "ExecuTorch program"
+    rank, batch_rule = 1, "fixed"
+    targets = (Target("executorch", {"cpu": ("fp32", "int8")}),)  # lowered to XNNPACK
+    precisions = ("fp32", "int8")
+    packages = ("executorch",)
+    int8_tool = "PT2E with XNNPACK's quantizer"
+
+    def missing(self, purpose="run", device="cpu"):
+        return executorch_missing()
+
+    def export(self, model, path, shape, precision="fp32", calibration=(), batch=1):
+        self.check_precision(precision)
+        batches = (item[0] if isinstance(item, (tuple, list)) else item for item in calibration or ())
+        return export_pte(model, path, shape, precision, batches, batch=batch)
+
+    def quantize(self, src, dst, calibration, keep_float=(), **options):
+        raise EffvisionError(
+            f"an ExecuTorch program is made int8 from the model, at export ({self.int8_tool}), "
+            f"not from {Path(src).name}: "
+            "export with precision int8 instead of quantizing the .pte"
+        )
+
+    def open(self, path, device="cpu", threads=None, spinning=True):
+        # any number of samples runs in the program's batch (the last chunk padded)
+        return Session(pte_predictor(path), {"program_batch": pte_input_shape(path)[0]})
+
+    def input_shape(self, path):
+        return list(pte_input_shape(path))

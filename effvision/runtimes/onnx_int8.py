@@ -99,7 +99,7 @@ class Int8Builder:
     ):
         import onnx
 
-        from ..deploy.runtime import ort_session
+        from .onnx_files import ort_session
 
         if method not in CALIBRATION:
             raise EffvisionError(f"unknown calibration method '{method}' (choices: {', '.join(CALIBRATION)})")

@@ -26,6 +26,8 @@ from torch import nn
 from ..errors import EffvisionError
 from ..fileio import atomic_write
 from ..native_stderr import native_stderr_silenced
+from ..registry import RUNTIMES
+from .base import Runtime, Session, Target, as_batches
 
 EXTRA = "pip install 'effvision[litert]'"
 CONVERTER = "litert-torch==0.10.0"
@@ -244,3 +246,45 @@ def write_tflite_metadata(path: str | Path, key: str, text: str) -> None:
     builder = flatbuffers.Builder(1024)
     builder.Finish(model.Pack(builder), file_identifier=IDENTIFIER)
     atomic_write(Path(path), lambda tmp: Path(tmp).write_bytes(bytes(builder.Output())))
+
+
+@RUNTIMES.register("litert")
+class Litert(Runtime):
+    kind, suffix, format, describes, label = "tflite", ".tflite", "litert", "a LiteRT file (.tflite)", "LiteRT"
+    rank, batch_rule = 3, "resized"
+    targets = (Target("litert-cpu", {"cpu": ("fp32", "int8")}),)  # XNNPACK
+    precisions = ("fp32", "int8")
+    packages = ("ai-edge-litert",)
+    int8_tool = "the LiteRT tools (ai-edge-quantizer)"
+    bundle_package = "ai-edge-litert"
+    keeps_metadata_inside = True  # the flatbuffer's metadata table
+
+    def missing(self, purpose="run", device="cpu"):
+        return litert_missing(convert=purpose in ("export", "int8"))
+
+    def export(self, model, path, shape, precision="fp32", calibration=(), batch=1):
+        self.check_precision(precision)
+        return export_tflite(model, path, shape, precision, as_batches(calibration))
+
+    def quantize(self, src, dst, calibration, keep_float=(), **options):
+        return quantize_tflite(src, dst, as_batches(calibration))
+
+    def export_layers(self, layers, folder):
+        # one converter process for them all: its start-up (about 10 s) is paid once
+        return export_many_tflite([(m, shape, Path(folder) / f"{onnx.stem}.tflite") for m, shape, onnx in layers])
+
+    def open(self, path, device="cpu", threads=None, spinning=True):
+        return Session(tflite_predictor(path, threads))
+
+    def input_shape(self, path):
+        return tflite_input_shape(path)
+
+    def precision(self, path, said=None):
+        return tflite_precision(path)
+
+    def read_metadata(self, path, key):
+        return read_tflite_metadata(path, key)
+
+    def write_metadata(self, path, key, text):
+        write_tflite_metadata(path, key, text)
+        return True

@@ -5,7 +5,7 @@ CUDA GPU. A suite writes results.json / results.md / bench.png into its folder a
 parity figures land beside each artifact and in results.json) and measures the device's roofline
 in the same run.
 
-    python -m effvision.deploy.suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test
+    python -m effvision.studies.deploy_suite cpu --out runs/bench-cpu --images ../shared/testdata/images/cifar10_test
 """
 
 from __future__ import annotations
@@ -21,16 +21,15 @@ from typing import Callable
 
 import torch
 
+from ..deploy.backends import BackendUnavailable, check_pair
+from ..deploy.bench import benchmark, settle_shares
+from ..deploy.roofline import Roofline
+from ..deploy.verify import export_for_runtime, export_verified
 from ..device import resolve_device
 from ..errors import EffvisionError, one_line
 from ..interrupts import Interrupted, deferred_signals, interruptible
-from .backends import BackendUnavailable, check_pair
-from .backends import backend as get_backend
-from .bench import benchmark, settle_shares
-from .cells import STATUSES, Clock, Predictor, describe, settle
-from .exporters import export_for_backend, export_verified
-from .roofline import Roofline
-from .runtimes import runtime_taking
+from ..runtimes import runtime_of_backend
+from .suite_cells import STATUSES, Clock, Predictor, describe, settle
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -94,14 +93,14 @@ def real_images(folder: str | Path, size: int, mean, std):
     calibrates, the others verify, so the check never sees its own calibration data."""
     from torch.utils.data import DataLoader
 
-    from ..data import Subset, _Transformed
+    from ..data import Subset, Transformed
     from ..data.images.folders import ImageFolderDataset
     from ..data.images.transforms import eval_transform
 
     ds, tf = ImageFolderDataset(Path(folder)), eval_transform(size, mean, std)
     calib = [i for i in range(len(ds)) if i % 3 == 0]
     val = [i for i in range(len(ds)) if i % 3]
-    return tuple(DataLoader(_Transformed(Subset(ds, idx), tf), batch_size=32) for idx in (calib, val))
+    return tuple(DataLoader(Transformed(Subset(ds, idx), tf), batch_size=32) for idx in (calib, val))
 
 
 def build_model(
@@ -200,7 +199,6 @@ def run_suite(
     `overrides` replaces suite settings (device, models, batches, input_size); exported
     artifacts go to work_dir (default: <out_dir>-artifacts), never into out_dir."""
     from ..env import collect_env
-    from .results import write_results
 
     if name not in SUITES:
         raise EffvisionError(f"unknown suite '{name}' (choices: {', '.join(SUITES)})")
@@ -222,20 +220,7 @@ def run_suite(
         "env": collect_env(),
     }
     title = f"effvision {name} suite ({meta['env']['gpu'] or meta['env']['cpu']})"
-    roofline = None
-
-    def save(plot: bool = False):
-        settle_shares(cells, roofline)
-        meta.update(
-            roofline=roofline.summary() if roofline else None,
-            models=models,
-            exports=exports,
-            elapsed_s=round(clock.elapsed(), 1),
-            cells={s: sum(c["status"] == s for c in cells) for s in STATUSES},
-        )
-        with deferred_signals():
-            write_results(cells, out_dir, meta, title, plot=plot)
-
+    save = _Saver(cells, out_dir, meta, title, clock, models, exports)
     for cell in cells:  # known before any work: a backend or precision this machine cannot run
         try:
             check_pair(cell["backend"], cell["precision"], device)
@@ -245,7 +230,7 @@ def run_suite(
     current = None
     try:
         with interruptible(clock.left()):  # the deadline: what is left of the budget, whole run counted
-            roofline = Roofline(device)
+            roofline = save.roofline = Roofline(device)
             built = {
                 label: _build(label, suite, weights, images, shape, models, exports, work_dir, log) for label in labels
             }
@@ -265,6 +250,29 @@ def run_suite(
                 settle(cell, "failed" if cell is current else "skipped", stop.reason)
     save(plot=True)
     return meta
+
+
+class _Saver:
+    """results.json and results.md of every cell as they stand, written whole (signals wait)."""
+
+    def __init__(self, cells, out_dir, meta, title, clock, models, exports):
+        self.cells, self.out_dir, self.meta, self.title, self.clock = cells, out_dir, meta, title, clock
+        self.models, self.exports, self.roofline = models, exports, None
+
+    def __call__(self, plot: bool = False) -> None:
+        from ..deploy.results import write_results
+
+        cells, roofline = self.cells, self.roofline
+        settle_shares(cells, roofline)
+        self.meta.update(
+            roofline=roofline.summary() if roofline else None,
+            models=self.models,
+            exports=self.exports,
+            elapsed_s=round(self.clock.elapsed(), 1),
+            cells={s: sum(c["status"] == s for c in cells) for s in STATUSES},
+        )
+        with deferred_signals():
+            write_results(cells, self.out_dir, self.meta, self.title, plot=plot)
 
 
 def _build(label, suite, weights, images, shape, models, exports, work_dir, log) -> dict:
@@ -330,8 +338,8 @@ class _Run:
         self.log(f"[{self.clock.elapsed():6.0f}s] {describe(cell)}")
         began = time.perf_counter()
         try:
-            takes = get_backend(backend).takes
-            target = built["model"] if takes == "model" else self.export(cell, built, takes)
+            runtime = runtime_of_backend(backend)
+            target = built["model"] if runtime.suffix is None else self.export(cell, built, runtime)
             (row,) = benchmark(
                 target,
                 self.shape,
@@ -339,7 +347,7 @@ class _Run:
                 precision,
                 (batch,),
                 self.device,
-                self.suite["channels_last"] and takes == "model",
+                self.suite["channels_last"] and runtime.suffix is None,
                 cell.get("compile_mode") or "default",
                 self.warmup or self.suite["warmup"],
                 self.repeats or self.suite["repeats"],
@@ -356,13 +364,12 @@ class _Run:
                 traceback.print_exc()
         self.predictor.record(cell, time.perf_counter() - began)
 
-    def export(self, cell: dict, built: dict, takes: str):
-        fixed = runtime_taking(takes).fixed_batch  # one file per batch size
-        key = (cell["model"], takes, cell["precision"], cell["batch"] if fixed else None)
+    def export(self, cell: dict, built: dict, runtime):
+        key = (cell["model"], runtime.name, cell["precision"], runtime.file_name(cell["precision"], cell["batch"]))
         if key not in self.exported:
-            self.exported[key], figures = export_for_backend(
+            self.exported[key], figures = export_for_runtime(
                 built["model"],
-                takes,
+                runtime,
                 cell["precision"],
                 self.work_dir / cell["model"],
                 self.shape,
@@ -394,7 +401,7 @@ def _ints(text: str, what: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m effvision.deploy.suite", description="Run a benchmark suite (see BENCHMARKS.md)."
+        prog="python -m effvision.studies.deploy_suite", description="Run a benchmark suite (see BENCHMARKS.md)."
     )
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument(

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from ..errors import EffvisionError
+from ..registry import RUNTIMES
+from .base import Runtime, Session, Target, as_batches, import_missing
 
 EXTRA = "pip install 'effvision[openvino]'"
 RT_INFO = "effvision"  # the rt_info section that holds effvision's keys
@@ -25,13 +27,8 @@ RT_INFO = "effvision"  # the rt_info section that holds effvision's keys
 
 def openvino_missing(int8: bool = False) -> str | None:
     """Why OpenVINO (and, for int8, NNCF) cannot be used here, or None when it can."""
-    for module, what in (("openvino", "OpenVINO"), *((("nncf", "NNCF (OpenVINO's int8 quantizer)"),) if int8 else ())):
-        try:
-            __import__(module)
-        except Exception as exc:  # noqa: BLE001  (ImportError, or a broken native library)
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            return f"{what} is not installed ({first}): {EXTRA}"
-    return None
+    nncf = [("nncf", "NNCF (OpenVINO's int8 quantizer)")] if int8 else []
+    return import_missing([("openvino", "OpenVINO"), *nncf], EXTRA)
 
 
 def _require(int8: bool = False) -> None:
@@ -91,7 +88,7 @@ def export_ir(
     _require(int8=precision == "int8")
     import openvino as ov
 
-    from .onnx_export import export_onnx
+    from .onnx_files import export_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         onnx = export_onnx(model, Path(tmp) / "model.onnx", shape)
@@ -109,7 +106,7 @@ def _quantize(ir, calibration: Iterable[torch.Tensor]):
     per-channel weights, on every sample given)."""
     import nncf
 
-    batches = [np.ascontiguousarray(x.numpy() if isinstance(x, torch.Tensor) else x, np.float32) for x in calibration]
+    batches = as_batches(calibration)
     if not batches:
         raise EffvisionError("OpenVINO int8 needs calibration samples")
     return nncf.quantize(ir, nncf.Dataset(batches), subset_size=len(batches))  # (its size counts items: batches)
@@ -128,7 +125,7 @@ def quantize_ir_within(src: str | Path, dst: str | Path, calibration, validation
     _require(int8=True)
     import nncf
 
-    batches = [np.ascontiguousarray(x.numpy() if isinstance(x, torch.Tensor) else x, np.float32) for x in calibration]
+    batches = as_batches(calibration)
     samples = [
         (np.ascontiguousarray(x[i : i + 1].numpy(), np.float32), int(y[i]))
         for x, y in validation
@@ -203,3 +200,52 @@ def write_rt_info(path: str | Path, key: str, text: str) -> None:
     ir = read_ir(path)
     ir.set_rt_info(text, [RT_INFO, key])
     save_ir(ir, path)
+
+
+@RUNTIMES.register("openvino")
+class OpenVino(Runtime):
+    kind, suffix, format, describes, label = "openvino", ".xml", "openvino", "an OpenVINO IR (.xml)", "OpenVINO IR"
+    rank = 2
+    targets = (Target("openvino-cpu", {"cpu": ("fp32", "int8")}),)  # compiled with the latency hint
+    precisions = ("fp32", "int8")
+    packages = ("openvino",)
+    int8_tool = "NNCF"
+    accuracy_control = True  # NNCF's quantize_with_accuracy_control
+    bundle_package = "openvino"
+    keeps_metadata_inside = True  # the IR's rt_info
+
+    def missing(self, purpose="run", device="cpu"):
+        return openvino_missing(int8=purpose == "int8")
+
+    def export(self, model, path, shape, precision="fp32", calibration=(), batch=1):
+        self.check_precision(precision)
+        return export_ir(model, path, shape, precision, as_batches(calibration), batch=batch)
+
+    def quantize(self, src, dst, calibration, keep_float=(), **options):
+        return quantize_ir(src, dst, as_batches(calibration))
+
+    def quantize_within(self, src, dst, calibration, validation, max_drop):
+        return quantize_ir_within(src, dst, calibration, validation, max_drop)
+
+    def export_layers(self, layers, folder):
+        # from each layer's ONNX file: milliseconds, where a torch export takes a second or two
+        return [ir_from_onnx(onnx, Path(folder) / f"{onnx.stem}.xml") for _, _, onnx in layers]
+
+    def open(self, path, device="cpu", threads=None, spinning=True):
+        return Session(ir_predictor(path, threads))
+
+    def input_shape(self, path):
+        return ir_input_shape(path)
+
+    def precision(self, path, said=None):
+        return ir_precision(path)
+
+    def files(self, path):
+        return [Path(path), Path(path).with_suffix(".bin")]
+
+    def read_metadata(self, path, key):
+        return read_rt_info(path, key)
+
+    def write_metadata(self, path, key, text):
+        write_rt_info(path, key, text)
+        return True
