@@ -32,6 +32,8 @@ SHORT = {  # per stage type: key -> value (set where the stage's config has the 
 }
 PRUNE = {"finetune": {"epochs": 1, "step_epochs": 1}, "aim": {"candidates": 2, "repeats": 8, "score_samples": 200}}
 LARGE = {"cifar10": 3000}  # training samples kept of the datasets that need ../shared
+# run as written (minutes on the digits): one epoch of training leaves QAT's ranges to diverge
+AS_WRITTEN = {"qat-digits"}
 
 
 def shortened(raw: dict) -> dict:
@@ -55,7 +57,8 @@ def shortened(raw: dict) -> dict:
 
 
 def run(recipe: Path, out: Path, data_root: str | None) -> tuple[str, float, str]:
-    raw = shortened(yaml.safe_load(recipe.read_text()))
+    raw = yaml.safe_load(recipe.read_text())
+    raw = raw if recipe.stem in AS_WRITTEN else shortened(raw)
     short = out / f"{recipe.stem}.yaml"
     short.write_text(yaml.safe_dump(raw, sort_keys=False))
     needs_root = raw.get("data", {}).get("name") in LARGE
