@@ -269,6 +269,9 @@ def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
     if _completed(sdir, fingerprint) is not None:
         ctx.model_path = sdir / "model.pt"
         return False
+    # The new data and model are loaded before anything earlier is set aside: a run that cannot
+    # start (a missing data path, an unknown model) stops with its finished stages kept.
+    model = ctx.initial_model()
     afresh = None
     if (ctx.run_dir / "stages").exists():
         if done.is_file():
@@ -276,7 +279,6 @@ def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
             log(f"[yellow]{afresh}[/]")
         done.unlink(missing_ok=True)  # the marker first, as in _discard
         shutil.rmtree(ctx.run_dir / "stages")  # nothing earlier is valid
-    model = ctx.initial_model()
     ctx.model_path = save_checkpoint(model, sdir / "model.pt")
     ctx._model = model
     write_json(
@@ -285,6 +287,7 @@ def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
             "fingerprint": fingerprint,
             "model": ctx.recipe.model.name,
             "inputs": ctx.inputs.identity if ctx.inputs else None,
+            "recipe_keys": None if ctx.inputs else _recipe_keys(ctx),
             "started_afresh": afresh,  # why an earlier run in this folder was set aside (None: there was none)
             "artifacts": {"model": ctx.rel(ctx.model_path)},
         },
@@ -292,12 +295,21 @@ def _prepare_initial_model(ctx: RunContext, fingerprint: str) -> bool:
     return True
 
 
+def _recipe_keys(ctx: RunContext) -> dict:
+    """The recipe's data.*, model.* and seed, flattened: what a changed-inputs message names."""
+    resolved = recipe_to_dict(ctx.recipe)
+    keys = {f"{part}.{k}": v for part in ("data", "model") for k, v in resolved[part].items()}
+    return {**keys, "seed": resolved["seed"]}
+
+
 def _what_changed(before: dict, ctx: RunContext) -> str:
     """Which of the caller's inputs differ from those a run folder was written with (a recipe's
     data, model or seed when the run has no caller inputs)."""
     old, new = before.get("inputs") or {}, ctx.inputs.identity if ctx.inputs else {}
     if not (old and new):
-        return "data, model or seed changed"
+        keys0, keys1 = before.get("recipe_keys"), _recipe_keys(ctx)
+        changed = [k for k in keys1 if keys0 is not None and keys0.get(k) != keys1[k]]
+        return f"{', '.join(changed)} changed" if changed else "data, model or seed changed"
     changes = []
     m0, m1 = old.get("model", {}), new["model"]
     if m0.get("architecture") != m1["architecture"]:

@@ -23,6 +23,7 @@ import yaml
 from conftest import tiny_recipe
 from forked_cli import checkpoint_epoch, finish, log_of, recipe_runs, wait_for_checkpoint
 
+from effvision import pipeline
 from effvision.cli import main
 from effvision.data import load_dataset
 from effvision.interrupts import Interrupted
@@ -234,6 +235,36 @@ def test_checkpoints_of_other_inputs_are_not_resumed(tmp_path, monkeypatch):
         monkeypatch.setattr(ckpt, "save", real_save)
         assert main([*run, *sets]) == 0
         assert _metrics(tmp_path / name, "baseline")["resumed_from_epoch"] == resumed, name
+
+
+def test_a_rerun_that_cannot_load_its_data_keeps_the_finished_work(tmp_path, monkeypatch, capsys):
+    """A run folder stopped inside training, run again with inputs that cannot load (here a
+    hold-out larger than the training split): one line, and the checkpoint is still there, so the
+    original recipe goes on from it (the changed inputs were never loaded over the old work)."""
+    real_save = ckpt.save
+
+    def save_then_stop(checkpoint, state, loader):
+        took = real_save(checkpoint, state, loader)
+        if state["epoch"] == 2:
+            raise Interrupted("interrupted by SIGTERM", 143)
+        return took
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({**RECIPE, "stages": RECIPE["stages"][:1]}))
+    run = ["train", str(recipe), "--run-dir", str(tmp_path / "run")]
+    monkeypatch.setattr(ckpt, "save", save_then_stop)
+    assert main(run) == 143
+    monkeypatch.setattr(ckpt, "save", real_save)
+    capsys.readouterr()
+    assert main([*run, "--set", "data.holdout=100000"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.holdout" in err[0], err
+    assert main(run) == 0
+    assert _metrics(tmp_path / "run", "baseline")["resumed_from_epoch"] == 2
+    said = []
+    monkeypatch.setattr(pipeline, "log", said.append)
+    assert main([*run, "--set", "data.max_val_samples=100"]) == 0  # loads: the old stages are set aside
+    assert any("data.max_val_samples changed since this run folder was written" in s for s in said), said
 
 
 def _torchrun(recipe: Path, run_dir: Path, scratch: Path) -> subprocess.Popen:
