@@ -215,9 +215,14 @@ def test_a_checkpoint_of_another_model_or_damaged_is_set_aside(tmp_path, monkeyp
         fit(create_model("cifar_resnet8", width=0.25), digits, settings, CPU, checkpoint=ckpt.EpochCheckpoint(path))
 
 
-def test_checkpoints_of_other_inputs_are_not_resumed(tmp_path, monkeypatch):
-    """A stage stopped with an epoch checkpoint, then run again: it goes on from the checkpoint with
-    the same recipe, and trains afresh once the stage's inputs changed (here its learning rate)."""
+def _training_only_recipe(tmp_path: Path) -> Path:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({**RECIPE, "stages": RECIPE["stages"][:1]}))
+    return recipe
+
+
+def _stopped_after_epoch_2(run: list[str], monkeypatch) -> None:
+    """`effvision <run>` stopped (as by SIGTERM) right after its epoch-2 checkpoint is written."""
     real_save = ckpt.save
 
     def save_then_stop(checkpoint, state, loader):
@@ -226,13 +231,18 @@ def test_checkpoints_of_other_inputs_are_not_resumed(tmp_path, monkeypatch):
             raise Interrupted("interrupted by SIGTERM", 143)
         return took
 
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump({**RECIPE, "stages": RECIPE["stages"][:1]}))
+    monkeypatch.setattr(ckpt, "save", save_then_stop)
+    assert main(run) == 143
+    monkeypatch.setattr(ckpt, "save", real_save)
+
+
+def test_checkpoints_of_other_inputs_are_not_resumed(tmp_path, monkeypatch):
+    """A stage stopped with an epoch checkpoint, then run again: it goes on from the checkpoint with
+    the same recipe, and trains afresh once the stage's inputs changed (here its learning rate)."""
+    recipe = _training_only_recipe(tmp_path)
     for name, sets, resumed in [("same", [], 2), ("changed", ["--set", "stages.baseline.lr=0.002"], None)]:
         run = ["train", str(recipe), "--run-dir", str(tmp_path / name)]
-        monkeypatch.setattr(ckpt, "save", save_then_stop)
-        assert main(run) == 143
-        monkeypatch.setattr(ckpt, "save", real_save)
+        _stopped_after_epoch_2(run, monkeypatch)
         assert main([*run, *sets]) == 0
         assert _metrics(tmp_path / name, "baseline")["resumed_from_epoch"] == resumed, name
 
@@ -241,20 +251,9 @@ def test_a_rerun_that_cannot_load_its_data_keeps_the_finished_work(tmp_path, mon
     """A run folder stopped inside training, run again with inputs that cannot load (here a
     hold-out larger than the training split): one line, and the checkpoint is still there, so the
     original recipe goes on from it (the changed inputs were never loaded over the old work)."""
-    real_save = ckpt.save
-
-    def save_then_stop(checkpoint, state, loader):
-        took = real_save(checkpoint, state, loader)
-        if state["epoch"] == 2:
-            raise Interrupted("interrupted by SIGTERM", 143)
-        return took
-
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump({**RECIPE, "stages": RECIPE["stages"][:1]}))
+    recipe = _training_only_recipe(tmp_path)
     run = ["train", str(recipe), "--run-dir", str(tmp_path / "run")]
-    monkeypatch.setattr(ckpt, "save", save_then_stop)
-    assert main(run) == 143
-    monkeypatch.setattr(ckpt, "save", real_save)
+    _stopped_after_epoch_2(run, monkeypatch)
     capsys.readouterr()
     assert main([*run, "--set", "data.holdout=100000"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
