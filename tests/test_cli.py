@@ -201,7 +201,51 @@ def test_export_and_bench_commands(tmp_path, capsys):
     )
     assert code == 0, err
     assert {r["backend"] for r in json.loads(res.read_text())["results"]} == {"torch-eager", "onnxruntime-cpu"}
+    # no --backend: each precision runs on the default backends that run it, the rest said in one line
+    args = ["--precision", "fp32,int8", "--batch", "1", "--repeats", "3", "--no-roofline", "--json", str(res)]
+    code, out, err = run(capsys, "bench", str(ckpt), *args)
+    assert code == 0, err
+    pairs = [(r["backend"], r["precision"]) for r in json.loads(res.read_text())["results"]]
+    assert pairs == [("torch-eager", "fp32"), ("onnxruntime-cpu", "fp32"), ("onnxruntime-cpu", "int8")], pairs
+    assert "skipped torch-eager int8: not run on cpu" in out
+    code, _, err = run(capsys, "bench", str(ckpt), "--precision", "float8", "--batch", "1", "--no-roofline")
+    assert_one_line_error(code, err, "no default backend", "runs float8 on cpu", "--backend")
     code, _, err = run(capsys, "bench", str(onnx_file), "--backend", "onnxruntime-gpuu")
     assert_one_line_error(code, err, "unknown backend", "did you mean 'onnxruntime-cpu'")
     code, _, err = run(capsys, "export", "cifar_resnt8")
     assert_one_line_error(code, err, "did you mean")
+
+
+# A child that sends itself SIGTERM as the command starts importing torch.nn (torch is then
+# half-loaded), as a scheduler's stop may arrive while a command is still starting up.
+STOP_WHILE_IMPORTING = """
+import os, signal, sys
+class StopAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch.nn":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+sys.meta_path.insert(0, StopAtImport())
+from effvision.cli import main
+sys.exit(main(["compress", "compress/default.yaml", "--run-dir", sys.argv[1]]))
+"""
+
+
+def test_sigterm_while_the_command_is_still_importing_is_one_line_and_143(tmp_path):
+    import subprocess
+    import sys
+
+    assert "torch" not in json.loads(
+        subprocess.run(
+            [sys.executable, "-c", "import json, sys; import effvision.cli; print(json.dumps(list(sys.modules)))"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+    )  # (else the stop below would not land inside torch's import)
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-c", STOP_WHILE_IMPORTING, str(tmp_path / "run")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=repo)
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert done.returncode == 143 and lines == ["effvision: interrupted by SIGTERM"], done.stderr

@@ -713,12 +713,19 @@ def test_each_compiled_model_gets_a_fresh_dynamo(monkeypatch):
     assert compiled == [1, 1, 1], compiled  # each model traced and compiled, none fell back to eager
 
 
-def test_torchao_leaves_inductor_settings_alone():
+def test_torchao_leaves_inductor_settings_alone(monkeypatch):
     import torch._inductor.config as inductor_config
-    import torchao.quantization  # noqa: F401  (what importing it registers is not what torchao_gpu changes)
+    import torchao.quantization as tq
 
     from effvision.deploy.torch_precision import torchao_gpu
 
+    real = tq.quantize_
+
+    def quantize_after_a_first_import(model, config):  # a module torchao loads on first use can set one
+        inductor_config.pre_grad_custom_pass = lambda graph: None
+        return real(model, config)
+
+    monkeypatch.setattr(tq, "quantize_", quantize_after_a_first_import)
     before = inductor_config.get_config_copy()
     model, n = torchao_gpu(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), "int8")
     assert n == 2  # both Linear layers quantized, and said so

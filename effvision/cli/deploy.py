@@ -159,7 +159,9 @@ def _print_bench(title: str, rows: list[dict]) -> None:
 def bench(
     artifact: str = typer.Argument(..., help="An .onnx or .pte file, an effvision checkpoint or a model name."),
     backend: Optional[str] = typer.Option(
-        None, help="Comma list of backends (default: torch-eager,onnxruntime-cpu for a model; by suffix for a file)."
+        None,
+        help="Comma list of backends (default: torch-eager,onnxruntime-cpu for a model, each precision where it "
+        "runs; by suffix for a file).",
     ),
     precision: Optional[str] = typer.Option(
         None, help="Comma list: fp32, tf32, bf16, fp16, int8, float8 (default fp32; a file runs in its own)."
@@ -237,7 +239,7 @@ def bench(
 def _bench_artifact(artifact: str, backends, precisions, input_size, kw: dict) -> tuple[list[dict], list[int]]:
     """(rows, input shape): a file on its runtime's backends in its own precision, or a model
     (exported first for the backends that run files)."""
-    from ..deploy.backends import check_pair
+    from ..deploy.backends import check_pair, default_pairs
     from ..deploy.bench import bench_model, benchmark
     from ..models import count_macs, input_shape
     from ..runtimes import runtime_of_path
@@ -246,7 +248,12 @@ def _bench_artifact(artifact: str, backends, precisions, input_size, kw: dict) -
     if files.suffix is None:
         net = _bench_model(artifact)
         shape = csv(input_size, int) if input_size else input_shape(net)
-        pairs = [(b, p) for b in backends or ["torch-eager", "onnxruntime-cpu"] for p in (precisions or ["fp32"])]
+        if backends:
+            pairs = [(b, p) for b in backends for p in (precisions or ["fp32"])]
+        else:
+            pairs, skipped = default_pairs(["torch-eager", "onnxruntime-cpu"], precisions or ["fp32"], kw["device"])
+            if skipped:
+                out.print(f"skipped {', '.join(skipped)}: not run on {kw['device'].type} (--backend names others)")
         return bench_model(net, shape, pairs, macs=count_macs(net, shape), **kw), shape
     if not Path(artifact).is_file():
         raise EffvisionError(f"file not found: {artifact}")

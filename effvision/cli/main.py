@@ -86,12 +86,13 @@ def one_line(text: str) -> str:
 def _interrupted(stop: BaseException, argv: list[str]) -> int:
     """One line (from rank 0 of a multi-process job): what the run folder kept and the command
     that continues; exit 128 + the signal (130 SIGINT, 143 SIGTERM)."""
-    from ..pipeline import RunInterrupted
-
+    # what the pipeline module defines, where it was imported: a stop that came while the command
+    # was still importing (torch half-loaded) must not import anything more, or it fails in turn
+    run_interrupted = getattr(sys.modules.get("effvision.pipeline"), "RunInterrupted", ())
     code = stop.exit_code if isinstance(stop, Interrupted) else 130
     if os.environ.get("RANK", "0") != "0":
         return code
-    if isinstance(stop, RunInterrupted):
+    if isinstance(stop, run_interrupted):
         line = f"{stop.reason}; continue with: effvision {shlex.join(argv)}"
     else:
         line = stop.reason if isinstance(stop, Interrupted) else "interrupted by SIGINT"

@@ -208,3 +208,20 @@ def check_pair(name: str, precision: str, device: torch.device) -> Backend:
     if reason:
         raise BackendUnavailable(f"backend '{name}' is not available: {reason}")
     return inst
+
+
+def default_pairs(names: list[str], precisions: list[str], device: torch.device) -> tuple[list, list[str]]:
+    """The (backend, precision) pairs among default backends that run on `device`, and the ones
+    left out ('torch-eager int8'): with no backend named, a precision runs where it can. None at all
+    is a one-line error."""
+    pairs, skipped = [], []
+    for name in names:
+        runs = BACKENDS.get(name).supports.get(device.type, ())
+        for precision in precisions:
+            (pairs if precision in runs else skipped).append((name, precision))
+    if not pairs:
+        raise BackendUnavailable(
+            f"no default backend ({', '.join(names)}) runs {', '.join(precisions)} on {device.type}; "
+            f"name one with --backend (supported on {device.type}: {supported_pairs(device.type)})"
+        )
+    return pairs, [f"{n} {p}" for n, p in skipped]

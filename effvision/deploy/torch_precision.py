@@ -90,8 +90,25 @@ def torchao_gpu(model: nn.Module, precision: str) -> tuple[nn.Module, int]:
         if precision == "int8"
         else tq.Float8DynamicActivationFloat8WeightConfig(set_inductor_config=False)
     )
-    quantize_(model, config)
+    with _inductor_settings_kept():
+        quantize_(model, config)
     return model, _count_quantized(model)
+
+
+@contextlib.contextmanager
+def _inductor_settings_kept():
+    """Undo what a call changed in inductor's global settings: besides the settings torchao's configs
+    opt out of, a module it imports on first use can set one as it loads (x86_inductor_quantizer sets
+    pre_grad_custom_pass), which depends on what the process imported earlier and on the CPU."""
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.get_config_copy()
+    try:
+        yield
+    finally:
+        after = inductor_config.get_config_copy()
+        for key in [k for k, v in after.items() if k in before and before[k] != v]:
+            setattr(inductor_config, key, before[key])
 
 
 def prepare_model(
